@@ -1,0 +1,348 @@
+"""Hardware specs: devices, links, clusters; the seeds' presets; cluster files (YAML or JSON).
+
+Pure Python. SI inside (FLOP/s, bytes/s, bytes, seconds). A cluster file is a mapping whose keys
+are exactly the fields of ``ClusterSpec``; ``device`` and ``nic`` may name a preset or spell the
+fields out; values may carry human units ("10Gbit", "6.1TFLOPS", "12GiB", "50us").
+
+    name: lab
+    nodes: 8
+    devices_per_node: 1
+    device: titan-x              # or {name: ..., peak_flops_per_s: 6.1TFLOPS, ...}
+    nic: 10gbe                   # or {name: ..., bandwidth_bytes_per_s: 10Gbit, latency_s: 50us, efficiency: 0.95}
+    shared_cores: null           # set when all nodes share a few CPU cores (the emulated cluster)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from layerplan import units
+from layerplan.errors import LayerplanError, SpecError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceSpec:
+    """One compute device (a GPU, or a CPU socket/node)."""
+
+    name: str
+    peak_flops_per_s: float
+    """Peak fp32 FLOP/s from the datasheet."""
+    mem_bandwidth_bytes_per_s: float
+    """Device memory bandwidth (PALEO §3.1.1: the R and W terms)."""
+    memory_bytes: float
+    """Device memory size; a config whose peak memory exceeds it is infeasible."""
+    compute_efficiency: float = 0.5
+    """Share of peak reached on real layers (PALEO §3.3 PPP_comp; Omnivore: ~50% on conv)."""
+    cores: int = 1
+    """CPU cores behind this device (CPU devices), used when ranks share cores."""
+    kind: str = "gpu"
+    """'gpu' or 'cpu'."""
+    note: str = ""
+    """Where the numbers come from."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("peak_flops_per_s", "mem_bandwidth_bytes_per_s", "memory_bytes"))
+        if not 0 < self.compute_efficiency <= 1:
+            raise SpecError(f"device {self.name!r}: compute_efficiency must be in (0, 1], got {self.compute_efficiency!r}")
+        if not isinstance(self.cores, int) or self.cores < 1:
+            raise SpecError(f"device {self.name!r}: cores must be a positive integer, got {self.cores!r}")
+        if self.kind not in ("gpu", "cpu"):
+            raise SpecError(f"device {self.name!r}: kind must be 'gpu' or 'cpu', got {self.kind!r}")
+
+    @property
+    def achieved_flops_per_s(self) -> float:
+        return self.peak_flops_per_s * self.compute_efficiency
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkSpec:
+    """A network link (a node's NIC to the switch), full duplex."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    """Line rate per direction."""
+    latency_s: float = 50e-6
+    """Per-message latency (one way)."""
+    efficiency: float = 1.0
+    """Share of the line rate that payload reaches (TCP/IP headers, stack; PALEO §3.3 PPP_comm)."""
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("bandwidth_bytes_per_s",))
+        if not isinstance(self.latency_s, (int, float)) or self.latency_s < 0:
+            raise SpecError(f"link {self.name!r}: latency_s must be non-negative, got {self.latency_s!r}")
+        if not 0 < self.efficiency <= 1:
+            raise SpecError(f"link {self.name!r}: efficiency must be in (0, 1], got {self.efficiency!r}")
+
+    @property
+    def payload_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterSpec:
+    """Nodes with devices, one NIC each, on a switch."""
+
+    name: str
+    nodes: int
+    devices_per_node: int = 1
+    device: DeviceSpec
+    nic: LinkSpec
+    switch_bandwidth_bytes_per_s: float | None = None
+    """Total switch capacity; None = non-blocking (every port at line rate at once)."""
+    shared_cores: int | None = None
+    """When set, all ranks of the cluster share this many CPU cores (the emulated cluster runs
+    every host on the same 2 cores): compute of concurrent ranks is slowed accordingly."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
+            raise SpecError(f"cluster {self.name!r}: nodes must be a positive integer, got {self.nodes!r}")
+        if not isinstance(self.devices_per_node, int) or self.devices_per_node < 1:
+            raise SpecError(f"cluster {self.name!r}: devices_per_node must be a positive integer, got {self.devices_per_node!r}")
+        if self.switch_bandwidth_bytes_per_s is not None and self.switch_bandwidth_bytes_per_s <= 0:
+            raise SpecError(f"cluster {self.name!r}: switch_bandwidth_bytes_per_s must be positive or null")
+        if self.shared_cores is not None and (not isinstance(self.shared_cores, int) or self.shared_cores < 1):
+            raise SpecError(f"cluster {self.name!r}: shared_cores must be a positive integer or null, got {self.shared_cores!r}")
+
+    def with_nodes(self, nodes: int) -> "ClusterSpec":
+        return replace(self, nodes=nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "nodes": self.nodes,
+            "devices_per_node": self.devices_per_node,
+            "device": {f.name: getattr(self.device, f.name) for f in fields(DeviceSpec)},
+            "nic": {f.name: getattr(self.nic, f.name) for f in fields(LinkSpec)},
+            "switch_bandwidth_bytes_per_s": self.switch_bandwidth_bytes_per_s,
+            "shared_cores": self.shared_cores,
+        }
+
+    def describe(self) -> str:
+        dev = f"{self.devices_per_node}×{self.device.name}" if self.devices_per_node > 1 else self.device.name
+        rate = units.format_bandwidth(self.nic.bandwidth_bytes_per_s)
+        nic = rate if self.nic.name.replace(" ", "") == rate.replace(" ", "") else f"{rate} {self.nic.name}"
+        return f"{self.nodes} × {dev}, {nic}"
+
+
+def _check_positive(obj: Any, names: tuple[str, ...]) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise SpecError(f"{type(obj).__name__} {obj.name!r}: {n} must be a positive number, got {v!r}")
+
+
+# ---- presets ---------------------------------------------------------------------------------
+GB = 1e9
+GiB = 2.0**30
+
+DEVICES: dict[str, DeviceSpec] = {
+    d.name: d
+    for d in [
+        DeviceSpec(name="titan-x", peak_flops_per_s=6.1e12, mem_bandwidth_bytes_per_s=336.5 * GB, memory_bytes=12 * GiB,
+                   note="NVIDIA GeForce GTX TITAN X (Maxwell); 6.1 TFLOPS as PALEO uses"),
+        DeviceSpec(name="titan-xp", peak_flops_per_s=12.15e12, mem_bandwidth_bytes_per_s=547.7 * GB, memory_bytes=12 * GiB,
+                   note="NVIDIA TITAN Xp (Pascal) datasheet, boost clock"),
+        DeviceSpec(name="k20", peak_flops_per_s=3.52e12, mem_bandwidth_bytes_per_s=208 * GB, memory_bytes=5 * GiB,
+                   note="NVIDIA Tesla K20; 3.52 TFLOPS as PALEO uses"),
+        DeviceSpec(name="k20x", peak_flops_per_s=3.93e12, mem_bandwidth_bytes_per_s=250 * GB, memory_bytes=6 * GiB,
+                   note="NVIDIA Tesla K20X; 3.93 TFLOPS as PALEO uses"),
+        DeviceSpec(name="k40", peak_flops_per_s=4.29e12, mem_bandwidth_bytes_per_s=288 * GB, memory_bytes=12 * GiB,
+                   note="NVIDIA Tesla K40; 4.29 TFLOPS as PALEO uses"),
+        DeviceSpec(name="k80", peak_flops_per_s=2.8e12, mem_bandwidth_bytes_per_s=240 * GB, memory_bytes=12 * GiB,
+                   note="one GK210 of an NVIDIA Tesla K80 at base clock (4.37 TFLOPS at boost; PALEO: 2.8-4.4)"),
+        DeviceSpec(name="k520", peak_flops_per_s=2.45e12, mem_bandwidth_bytes_per_s=160 * GB, memory_bytes=4 * GiB,
+                   note="one GK104 of an NVIDIA GRID K520 (EC2 g2 instances)"),
+        DeviceSpec(name="v100", peak_flops_per_s=15.7e12, mem_bandwidth_bytes_per_s=900 * GB, memory_bytes=16 * GiB,
+                   note="NVIDIA Tesla V100 SXM2 16 GB (EC2 p3.2xlarge)"),
+        DeviceSpec(name="h100", peak_flops_per_s=67e12, mem_bandwidth_bytes_per_s=3350 * GB, memory_bytes=80 * GiB,
+                   note="NVIDIA H100 SXM5 80 GB, fp32 without tensor cores"),
+        DeviceSpec(name="xeon-e5-2450-node", peak_flops_per_s=268.8e9, mem_bandwidth_bytes_per_s=76.8 * GB,
+                   memory_bytes=64 * GiB, cores=16, kind="cpu",
+                   note="2 × 8-core Xeon E5-2450 at 2.1 GHz: 268.8 GFLOP/s (Yan et al. KDD'15 §6)"),
+        DeviceSpec(name="c4.4xlarge-cpu", peak_flops_per_s=742.4e9, mem_bandwidth_bytes_per_s=51.2 * GB,
+                   memory_bytes=30 * GiB, cores=8, kind="cpu",
+                   note="8 Haswell cores (Xeon E5-2666 v3) at 2.9 GHz × 32 FLOP/cycle (AVX2 FMA)"),
+        DeviceSpec(name="c4.8xlarge-cpu", peak_flops_per_s=1670.4e9, mem_bandwidth_bytes_per_s=102.4 * GB,
+                   memory_bytes=60 * GiB, cores=18, kind="cpu",
+                   note="18 Haswell cores (Xeon E5-2666 v3) at 2.9 GHz × 32 FLOP/cycle (AVX2 FMA)"),
+        DeviceSpec(name="cpu-core", peak_flops_per_s=160e9, mem_bandwidth_bytes_per_s=20 * GB, memory_bytes=8 * GiB,
+                   compute_efficiency=0.7, cores=1, kind="cpu",
+                   note="one AVX-512 core at ~2.5 GHz (64 FLOP/cycle); ~100-130 GFLOP/s measured on conv nets. "
+                        "Calibrate for a precise figure."),
+    ]
+}
+
+LINKS: dict[str, LinkSpec] = {
+    link.name: link
+    for link in [
+        LinkSpec(name="100mbe", bandwidth_bytes_per_s=100e6 / 8, latency_s=100e-6, efficiency=0.956, note="Fast Ethernet (TCP)"),
+        LinkSpec(name="1gbe", bandwidth_bytes_per_s=1e9 / 8, latency_s=50e-6, efficiency=0.956, note="Gigabit Ethernet (TCP payload ≈ 95.6%)"),
+        LinkSpec(name="2.6gbit", bandwidth_bytes_per_s=2.6e9 / 8, latency_s=50e-6, efficiency=0.956,
+                 note="2.6 Gbit/s: EC2 'high' networking as measured"),
+        LinkSpec(name="10gbe", bandwidth_bytes_per_s=10e9 / 8, latency_s=30e-6, efficiency=0.956, note="10 Gigabit Ethernet"),
+        LinkSpec(name="25gbe", bandwidth_bytes_per_s=25e9 / 8, latency_s=20e-6, efficiency=0.956, note="25 Gigabit Ethernet"),
+        LinkSpec(name="40gbe", bandwidth_bytes_per_s=40e9 / 8, latency_s=15e-6, efficiency=0.956, note="40 Gigabit Ethernet"),
+        LinkSpec(name="56gbit-ib", bandwidth_bytes_per_s=56e9 / 8, latency_s=2e-6, efficiency=1.0, note="InfiniBand FDR 4x"),
+        LinkSpec(name="70gbit-ib", bandwidth_bytes_per_s=70e9 / 8, latency_s=2e-6, efficiency=1.0,
+                 note="70 Gbit/s InfiniBand as in PALEO's FireCaffe case study"),
+        LinkSpec(name="100gbit", bandwidth_bytes_per_s=100e9 / 8, latency_s=2e-6, efficiency=1.0, note="100 Gbit/s InfiniBand EDR / Ethernet"),
+    ]
+}
+
+# Node presets: a device, how many per node, and the NIC. A cluster preset is N of these.
+NODES: dict[str, tuple[str, int, str, str]] = {
+    # name: (device, devices_per_node, nic, note)
+    "titan-x": ("titan-x", 1, "10gbe", "one TITAN X per node, 10 GbE"),
+    "titan-xp": ("titan-xp", 1, "10gbe", "one TITAN Xp per node, 10 GbE"),
+    "k20": ("k20", 1, "10gbe", "one K20 per node, 10 GbE (PALEO's TensorFlow case)"),
+    "k20x": ("k20x", 1, "70gbit-ib", "one K20X per node, 70 Gbit/s InfiniBand (PALEO's FireCaffe case)"),
+    "k40": ("k40", 1, "10gbe", "one K40 per node"),
+    "k80": ("k80", 1, "25gbe", "one K80 GK210 per node"),
+    "v100": ("v100", 1, "25gbe", "one V100 per node"),
+    "h100": ("h100", 1, "100gbit", "one H100 per node, 100 Gbit/s"),
+    "xeon-e5-2450": ("xeon-e5-2450-node", 1, "10gbe", "Yan et al.'s Adam machines: 2×8-core Xeon E5-2450, 10 Gbit/s"),
+    "c4.4xlarge": ("c4.4xlarge-cpu", 1, "2.6gbit", "EC2 c4.4xlarge: 8 cores, 'high' networking (Omnivore's CPU cluster)"),
+    "c4.8xlarge": ("c4.8xlarge-cpu", 1, "10gbe", "EC2 c4.8xlarge: 18 cores, 10 Gbit/s"),
+    "g2.2xlarge": ("k520", 1, "1gbe", "EC2 g2.2xlarge: one GRID K520 GPU"),
+    "g2.8xlarge": ("k520", 4, "10gbe", "EC2 g2.8xlarge: four GRID K520 GPUs, 10 Gbit/s"),
+    "p3.2xlarge": ("v100", 1, "10gbe", "EC2 p3.2xlarge: one V100, up to 10 Gbit/s (Stanza's EC2 runs)"),
+    "local-cpu": ("cpu-core", 1, "1gbe", "one core of this kind of machine per node"),
+}
+
+
+def device(name: str) -> DeviceSpec:
+    try:
+        return DEVICES[name.lower()]
+    except KeyError:
+        raise SpecError(f"unknown device {name!r}; known: {', '.join(DEVICES)}") from None
+
+
+def link(name_or_rate: str) -> LinkSpec:
+    """A link preset by name ('10gbe') or a rate ('10Gbit', '100Mbit/s')."""
+    key = str(name_or_rate).lower()
+    if key in LINKS:
+        return LINKS[key]
+    try:
+        rate = units.parse_bandwidth(name_or_rate, "link")
+    except LayerplanError:
+        raise SpecError(f"unknown link {name_or_rate!r}; use a preset ({', '.join(LINKS)}) or a rate like 10Gbit") from None
+    # TCP Ethernet defaults for a bare rate; the efficiency is what the emulated cluster measures.
+    return LinkSpec(name=units.format_bandwidth(rate).replace(" ", ""), bandwidth_bytes_per_s=rate, latency_s=50e-6,
+                    efficiency=0.956, note="from a rate")
+
+
+def cluster(preset: str = "titan-x", *, nodes: int = 4, device_name: str | None = None,
+            bandwidth: str | None = None, shared_cores: int | None = None) -> ClusterSpec:
+    """N nodes of a node preset, optionally with another device or link rate."""
+    key = preset.lower()
+    if key not in NODES:
+        raise SpecError(f"unknown cluster preset {preset!r}; known: {', '.join(NODES)} (or give a cluster file)")
+    dev_name, per_node, nic_name, _ = NODES[key]
+    dev = device(device_name or dev_name)
+    nic = link(bandwidth) if bandwidth else LINKS[nic_name]
+    return ClusterSpec(name=key, nodes=nodes, devices_per_node=per_node, device=dev, nic=nic, shared_cores=shared_cores)
+
+
+# ---- cluster files ---------------------------------------------------------------------------
+_PARSERS = {
+    "peak_flops_per_s": units.parse_flops,
+    "mem_bandwidth_bytes_per_s": units.parse_bandwidth,
+    "memory_bytes": units.parse_bytes,
+    "bandwidth_bytes_per_s": units.parse_bandwidth,
+    "latency_s": units.parse_seconds,
+    "switch_bandwidth_bytes_per_s": units.parse_bandwidth,
+}
+
+
+def _from_mapping(cls: type, data: Any, where: str, defaults_ok: bool = True) -> Any:
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+    names = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; expected {', '.join(names)}")
+    from dataclasses import MISSING
+
+    required = [n for n, f in names.items() if f.default is MISSING and f.default_factory is MISSING]
+    missing = [n for n in required if n not in data]
+    if missing:
+        raise SpecError(f"{where}: missing key(s) {', '.join(map(repr, missing))}")
+    kw: dict[str, Any] = {}
+    for k, v in data.items():
+        if k in _PARSERS and v is not None:
+            kw[k] = _PARSERS[k](v, f"{where}: {k}")
+        else:
+            kw[k] = v
+    try:
+        return cls(**kw)
+    except TypeError as e:
+        raise SpecError(f"{where}: {e}") from None
+
+
+def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping of cluster fields, got {type(data).__name__}")
+    d = dict(data)
+    if "device" in d:
+        d["device"] = device(d["device"]) if isinstance(d["device"], str) else _from_mapping(DeviceSpec, d["device"], f"{where}: device")
+    if "nic" in d:
+        d["nic"] = link(d["nic"]) if isinstance(d["nic"], str) else _from_mapping(LinkSpec, d["nic"], f"{where}: nic")
+    return _from_mapping(ClusterSpec, d, where)
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """A cluster file, YAML (.yaml/.yml) or JSON."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read cluster file {str(p)!r}: {e.strerror}") from None
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise SpecError(f"{p}: not valid YAML{at}") from None
+    return cluster_from_dict(data, str(p))
+
+
+def save_cluster(spec: ClusterSpec, path: str | Path) -> None:
+    p = Path(path)
+    if p.suffix.lower() == ".json":
+        p.write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+    else:
+        import yaml
+
+        p.write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+
+
+def resolve_cluster(spec: str | None, *, nodes: int | None = None, device_name: str | None = None,
+                    bandwidth: str | None = None, shared_cores: int | None = None) -> ClusterSpec:
+    """What the CLI's --cluster/--nodes/--device/--bandwidth mean: a preset name or a file path,
+    with overrides."""
+    if spec and (spec.endswith((".yaml", ".yml", ".json")) or Path(spec).is_file()):
+        c = load_cluster(spec)
+        if nodes is not None:
+            c = replace(c, nodes=nodes)
+        if device_name:
+            c = replace(c, device=device(device_name))
+        if bandwidth:
+            c = replace(c, nic=link(bandwidth))
+        if shared_cores is not None:
+            c = replace(c, shared_cores=shared_cores)
+        return c
+    if nodes is not None and nodes < 1:
+        raise SpecError(f"--nodes must be at least 1, got {nodes}")
+    return cluster(spec or "titan-x", nodes=nodes or 4, device_name=device_name, bandwidth=bandwidth, shared_cores=shared_cores)

@@ -1,0 +1,166 @@
+"""What a person reads: rich tables, and the JSON objects scripts read. No computation here."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from rich.console import Console
+from rich.table import Table
+
+from layerplan import units
+from layerplan.netspec.spec import NetSpec
+from layerplan.plan.ralp import RalpProfile
+
+_CONSOLE: Console | None = None
+
+
+def console() -> Console:
+    global _CONSOLE
+    if _CONSOLE is None:
+        _CONSOLE = Console(highlight=False)
+    return _CONSOLE
+
+
+def pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "–"
+
+
+# ---- profile ---------------------------------------------------------------------------------
+def profile_dict(net: NetSpec, prof: RalpProfile) -> dict[str, Any]:
+    """`profile --json`: totals, the conv/FC split, per-layer rows and the RALP profile."""
+    conv_flops = sum(layer.fwd_flops for layer in net.conv_layers)
+    return {
+        "model": net.name,
+        "input_shape": list(net.input_shape),
+        "dtype_bytes": net.dtype_bytes,
+        "num_classes": net.num_classes,
+        "total_params": net.total_params,
+        "param_bytes": net.param_bytes,
+        "conv_params": net.conv_params,
+        "fc_params": net.fc_params,
+        "fwd_flops_per_sample": net.fwd_flops,
+        "bwd_flops_per_sample": net.bwd_flops,
+        "conv_fwd_flops_per_sample": conv_flops,
+        "fc_fwd_flops_per_sample": net.fwd_flops - conv_flops,
+        "activation_bytes_per_sample": sum(layer.out_bytes for layer in net.layers),
+        "boundary": net.boundary,
+        "boundary_bytes_per_sample": net.boundary_bytes,
+        "layers": [
+            {
+                "name": layer.name,
+                "kind": layer.kind,
+                "op": layer.op,
+                "parents": list(layer.parents),
+                "out_shape": list(layer.out_shape),
+                "params": layer.params,
+                "fwd_flops": layer.fwd_flops,
+                "bwd_flops": layer.bwd_flops,
+                "bwd_input_flops": layer.bwd_input_flops,
+                "bwd_weight_flops": layer.bwd_weight_flops,
+                "out_bytes": layer.out_bytes,
+            }
+            for layer in net.layers
+        ],
+        "ralp": prof.to_dict(),
+    }
+
+
+def print_profile(net: NetSpec, prof: RalpProfile, show_all: bool = True) -> None:
+    c = console()
+    shape = "×".join(map(str, net.input_shape))
+    t = Table(title=f"{net.name}: input {shape}, per sample", title_justify="left")
+    for col, just in [("#", "right"), ("layer", "left"), ("kind", "left"), ("op", "left"), ("output", "left"),
+                      ("params", "right"), ("fwd FLOP", "right"), ("bwd FLOP", "right"), ("out bytes", "right")]:
+        t.add_column(col, justify=just)
+    for i, layer in enumerate(net.layers):
+        if not show_all and layer.params == 0 and layer.name != net.boundary:
+            continue
+        style = "bold cyan" if layer.name == net.boundary else None
+        t.add_row(str(i), layer.name + ("  ◀ boundary" if layer.name == net.boundary else ""), layer.kind, layer.op,
+                  "×".join(map(str, layer.out_shape)) or "scalar", f"{layer.params:,}" if layer.params else "",
+                  units.format_flops(layer.fwd_flops, 3) if layer.fwd_flops else "",
+                  units.format_flops(layer.bwd_flops, 3) if layer.bwd_flops else "",
+                  units.format_bytes(layer.out_bytes, digits=3), style=style)
+    c.print(t)
+
+    conv_flops = sum(layer.fwd_flops for layer in net.conv_layers)
+    fc_flops = net.fwd_flops - conv_flops
+    s = Table(title="totals", title_justify="left", show_header=True)
+    for col in ("", "params", "param bytes", "fwd FLOP/sample", "bwd FLOP/sample"):
+        s.add_column(col, justify="right" if col else "left")
+    s.add_row("network", f"{net.total_params:,}", units.format_bytes(net.param_bytes),
+              units.format_flops(net.fwd_flops), units.format_flops(net.bwd_flops))
+    if net.boundary is not None:
+        conv_bwd = sum(layer.bwd_flops for layer in net.conv_layers)
+        s.add_row(f"conv phase (≤ {net.boundary})", f"{net.conv_params:,} ({pct(net.conv_params, net.total_params)})",
+                  units.format_bytes(net.conv_param_bytes), f"{units.format_flops(conv_flops)} ({pct(conv_flops, net.fwd_flops)})",
+                  units.format_flops(conv_bwd))
+        s.add_row("FC phase", f"{net.fc_params:,} ({pct(net.fc_params, net.total_params)})",
+                  units.format_bytes(net.fc_param_bytes), f"{units.format_flops(fc_flops)} ({pct(fc_flops, net.fwd_flops)})",
+                  units.format_flops(net.bwd_flops - conv_bwd))
+    c.print(s)
+    if net.boundary is None:
+        c.print("phase boundary: none (no FC layers after the last conv): stanza, ralp and groups do not apply")
+    else:
+        c.print(f"phase boundary: after [bold]{net.boundary}[/], {units.format_bytes(net.boundary_bytes)} of activations "
+                "per sample cross it")
+    verdict = "[green]eligible[/]" if prof.eligible else "[yellow]not eligible[/]"
+    c.print(f"RALP (batch {prof.batch}): skewness {prof.skewness:.3f}, K = {prof.threshold:g} → {verdict} ({prof.reason})")
+    if prof.split_after:
+        c.print(f"  split after [bold]{prof.split_after}[/]: {units.format_bytes(prof.split_activation_bytes)} activations "
+                f"+ {units.format_bytes(prof.head_param_bytes)} head parameters = {units.format_bytes(prof.split_cost_bytes)} per worker")
+    if prof.vetoed_split:
+        c.print(f"  (the unrestricted argmin, after {prof.vetoed_split}, lies between two conv layers: vetoed)")
+
+
+# ---- listings --------------------------------------------------------------------------------
+def print_zoo(zoo: Mapping[str, Any]) -> None:
+    t = Table(title="model zoo (use the name as MODEL; --input-size and --num-classes override)", title_justify="left")
+    t.add_column("name")
+    t.add_column("input", justify="right")
+    t.add_column("classes", justify="right")
+    t.add_column("source")
+    for e in zoo.values():
+        t.add_row(e.name, f"{e.in_channels}×{e.default_input_size}×{e.default_input_size}", str(e.default_num_classes), e.source)
+    console().print(t)
+
+
+def print_hardware() -> None:
+    from layerplan import hardware
+
+    t = Table(title="devices (--device)", title_justify="left")
+    for col in ("name", "peak fp32", "memory bw", "memory", "efficiency", "source"):
+        t.add_column(col)
+    for d in hardware.DEVICES.values():
+        t.add_row(d.name, units.format_flops_rate(d.peak_flops_per_s), units.format_bytes(d.mem_bandwidth_bytes_per_s) + "/s",
+                  units.format_bytes(d.memory_bytes, binary=True), f"{d.compute_efficiency:.2f}", d.note)
+    console().print(t)
+    t = Table(title="links (--bandwidth)", title_justify="left")
+    for col in ("name", "rate", "latency", "efficiency", "note"):
+        t.add_column(col)
+    for link in hardware.LINKS.values():
+        t.add_row(link.name, units.format_bandwidth(link.bandwidth_bytes_per_s), units.format_seconds(link.latency_s),
+                  f"{link.efficiency:.3f}", link.note)
+    console().print(t)
+    t = Table(title="node presets (--cluster PRESET --nodes N)", title_justify="left")
+    for col in ("name", "device", "per node", "nic", "note"):
+        t.add_column(col)
+    for name, (dev, n, nic, note) in hardware.NODES.items():
+        t.add_row(name, dev, str(n), nic, note)
+    console().print(t)
+
+
+def print_cluster(c) -> None:
+    t = Table(title=f"cluster {c.name}: {c.describe()}", title_justify="left", show_header=False)
+    t.add_column("")
+    t.add_column("")
+    d, n = c.device, c.nic
+    t.add_row("nodes × devices", f"{c.nodes} × {c.devices_per_node}")
+    t.add_row("device", f"{d.name}: {units.format_flops_rate(d.peak_flops_per_s)} peak × {d.compute_efficiency:.2f} = "
+                        f"{units.format_flops_rate(d.achieved_flops_per_s)}, {units.format_bytes(d.memory_bytes, binary=True)}, "
+                        f"{units.format_bytes(d.mem_bandwidth_bytes_per_s)}/s")
+    t.add_row("NIC", f"{n.name}: {units.format_bandwidth(n.bandwidth_bytes_per_s)} × {n.efficiency:.3f} = "
+                     f"{units.format_bandwidth(n.payload_bytes_per_s)} payload, latency {units.format_seconds(n.latency_s)}")
+    t.add_row("switch", "non-blocking" if c.switch_bandwidth_bytes_per_s is None else units.format_bandwidth(c.switch_bandwidth_bytes_per_s))
+    t.add_row("shared cores", "no (each node its own)" if c.shared_cores is None else f"all nodes share {c.shared_cores}")
+    console().print(t)
