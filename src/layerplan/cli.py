@@ -134,6 +134,206 @@ def cmd_hardware(args: argparse.Namespace) -> int:
     return 0
 
 
+STRATEGY_OPTIONS = ("workers", "servers", "conv_workers", "fc_workers", "split", "algorithm", "setting")
+
+
+def add_strategy_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("strategy options (unset = the strategy's own choice for the cluster)")
+    g.add_argument("--workers", type=positive_int, metavar="N", help="ps/allreduce/ralp: worker nodes")
+    g.add_argument("--servers", type=positive_int, metavar="N", help="ps: parameter-server shards (nodes)")
+    g.add_argument("--conv-workers", type=positive_int, metavar="N", help="stanza: CONV workers (n_c)")
+    g.add_argument("--fc-workers", type=positive_int, metavar="N", help="stanza: FC workers (n_f)")
+    g.add_argument("--split", metavar="LAYER", help="ralp: last layer of the workers' head (default: the RALP profiler's)")
+    g.add_argument("--setting", choices=("N", "H"), help="ralp: RALP-N (N-1 workers) or RALP-H (N/2 workers)")
+    g.add_argument("--algorithm", choices=("ring", "tree", "butterfly", "recursive_doubling", "one_to_all"),
+                   help="allreduce: the all-reduce algorithm (default ring)")
+
+
+def strategy_options(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in STRATEGY_OPTIONS if getattr(args, k, None) is not None}
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from layerplan import report, strategies
+
+    net, _ = load_net(args)
+    cluster = load_cluster(args)
+    s = strategies.get(args.strategy)
+    config = s.default(net, cluster, args.batch_size, **strategy_options(args))
+    pred = strategies.predict(net, cluster, args.strategy, config, args.batch_size)
+    if args.timeline:
+        from layerplan import plots
+
+        plots.timeline_plot(pred, args.timeline, title=f"{net.name}, {args.strategy} {report.config_text(config)}, "
+                                                        f"{cluster.describe()}, batch {args.batch_size}/worker")
+    doc = report.prediction_dict(net, cluster, args.strategy, s.config_to_dict(config), args.batch_size, pred)
+    if args.json:
+        emit_json(doc)
+    else:
+        report.print_prediction(doc, pred)
+        if args.timeline:
+            report.console().print(f"saved timeline to {args.timeline}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from layerplan import report
+    from layerplan.plan import planner
+
+    net, _ = load_net(args)
+    cluster = load_cluster(args)
+    names = args.strategies.split(",") if args.strategies else None
+    if names:
+        from layerplan import strategies
+
+        for n in names:
+            strategies.get(n)
+    ranked = planner.rank(net, cluster, args.batch_size, names)
+    if not ranked:
+        from layerplan.errors import ConfigError
+
+        raise ConfigError(f"no strategy can run {net.name} on {cluster.describe()}")
+    skipped = planner.why_not(net, cluster, names)
+    if args.output:
+        planner.make_plan(args.model, args.input_size, args.num_classes, args.batch_size, cluster, ranked[0]).save(args.output)
+    if args.json:
+        emit_json(report.plan_dict(net, cluster, args.batch_size, ranked, skipped, top=args.top))
+    else:
+        report.print_plan(net, cluster, args.batch_size, ranked, skipped, top=args.top)
+        if args.output:
+            report.console().print(f"saved the best plan to {args.output} (run it: layerplan train --plan {args.output})")
+    return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    from layerplan import report
+    from layerplan.plan import scaling
+
+    net, _ = load_net(args)
+    cluster = load_cluster(args)
+    names = args.strategy.split(",")
+    curves = scaling.curves(net, cluster, names, args.workers, args.batch_size, strong=args.strong,
+                            options=strategy_options(args))
+    if args.plot:
+        from layerplan import plots
+
+        plots.scaling_plot(curves, args.plot, title=f"{net.name} on {cluster.device.name}, "
+                           f"{report.units.format_bandwidth(cluster.nic.bandwidth_bytes_per_s)}, "
+                           + (f"strong scaling, global batch {args.batch_size}" if args.strong else f"weak scaling, batch {args.batch_size}/worker"))
+    if args.json:
+        emit_json(scaling.to_dict(curves))
+    else:
+        report.print_scaling(curves, strong=args.strong)
+        if args.plot:
+            report.console().print(f"saved plot to {args.plot}")
+    return 0
+
+
+def _register_engine(sub) -> None:
+    from layerplan.strategies import STRATEGIES
+
+    names = ", ".join(STRATEGIES)
+    p = sub.add_parser("predict", help="predicted step time, throughput, traffic and bottleneck of one strategy",
+                       description=f"Predict one strategy ({names}) for a network on a cluster with the cost engine.")
+    add_model_args(p)
+    p.add_argument("--strategy", required=True, metavar="S", help=f"one of: {names}")
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="B", help="samples per worker per step (default 32)")
+    add_cluster_args(p)
+    add_strategy_args(p)
+    p.add_argument("--timeline", metavar="PNG", help="draw the predicted step as a timeline per role")
+    p.add_argument("--json", action="store_true")
+    COMMANDS["predict"] = cmd_predict
+
+    p = sub.add_parser("plan", help="rank every strategy and config; write the best as a plan file",
+                       description="Rank every applicable strategy × config (the papers' optimizers pick the "
+                                   "candidates, the cost engine predicts them) by throughput.")
+    add_model_args(p)
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="B", help="samples per worker per step (default 32)")
+    add_cluster_args(p)
+    p.add_argument("--strategies", metavar="S1,S2", help=f"only these strategies (default all: {names})")
+    p.add_argument("--top", type=positive_int, default=10, metavar="K", help="rows to show (default 10)")
+    p.add_argument("-o", "--output", metavar="PLAN.json", help="write the best plan (what `train --plan` runs)")
+    p.add_argument("--json", action="store_true")
+    COMMANDS["plan"] = cmd_plan
+
+    p = sub.add_parser("scale", help="PALEO-style scaling curves: throughput and speedup vs workers",
+                       description="Throughput and speedup against the number of workers for one or more strategies "
+                                   "(weak scaling: fixed batch per worker; strong: fixed global batch).")
+    add_model_args(p)
+    p.add_argument("--strategy", required=True, metavar="S1,S2", help=f"one or more of: {names}")
+    p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 16], metavar="1,2,4,...",
+                   help="worker counts (default 1,2,4,8,16)")
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="B",
+                   help="weak: samples per worker; strong: the global batch (default 32)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--weak", action="store_true", help="fixed batch per worker (default)")
+    mode.add_argument("--strong", action="store_true", help="fixed global batch split over the workers")
+    add_cluster_args(p)
+    g = p.add_argument_group("strategy options")
+    g.add_argument("--servers", type=positive_int, metavar="N", help="ps: servers (default 1)")
+    g.add_argument("--fc-workers", type=positive_int, metavar="N", help="stanza: FC workers (default 1)")
+    g.add_argument("--algorithm", choices=("ring", "tree", "butterfly", "recursive_doubling", "one_to_all"))
+    p.add_argument("--plot", metavar="PNG", help="plot throughput and speedup against workers")
+    p.add_argument("--json", action="store_true")
+    COMMANDS["scale"] = cmd_scale
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from layerplan import report
+    from layerplan.runtime import emulate
+
+    if args.action == "up":
+        emu = emulate.up(args.hosts, args.bandwidth, args.name)
+        doc = emu.to_dict()
+        if args.measure:
+            doc["measured_payload_bytes_per_s"] = emulate.measure_rate(emu)
+        if args.json:
+            emit_json(doc)
+        else:
+            report.console().print(
+                f"emulated cluster [bold]{emu.name}[/] is up: {emu.hosts} hosts {emu.address(0)}..{emu.address(emu.hosts - 1)}, "
+                f"{report.units.format_bandwidth(emu.rate_bytes_per_s)} each way per host (tbf on both ends)")
+            if args.measure:
+                r = doc["measured_payload_bytes_per_s"]
+                report.console().print(f"measured payload rate host 0 → 1: {report.units.format_bandwidth(r)} "
+                                       f"({100 * r / emu.rate_bytes_per_s:.1f}% of the configured rate)")
+    elif args.action == "down":
+        n = emulate.down(args.name)
+        if args.json:
+            emit_json({"name": args.name, "namespaces_removed": n})
+        else:
+            report.console().print(f"emulated cluster {args.name}: {n} namespace(s) removed" if n else
+                                   f"emulated cluster {args.name}: nothing to remove")
+    else:
+        st = emulate.status()
+        if args.json:
+            emit_json(st)
+        elif not st:
+            report.console().print("no emulated cluster is up")
+        else:
+            for d in st:
+                report.console().print(f"{d['name']}: {d['hosts']} hosts at {report.units.format_bandwidth(d['rate_bytes_per_s'])}, "
+                                       f"subnet 10.77.{d['subnet']}.0/24, {'up' if d['up'] else 'gone'}, {d['processes']} process(es)")
+    return 0
+
+
+def _register_cluster(sub) -> None:
+    p = sub.add_parser("cluster", help="an emulated cluster on this machine: network namespaces with shaped links",
+                       description="Hosts in network namespaces on a bridge, each link shaped with tbf on both ends "
+                                   "(needs root or an unprivileged user namespace). `train --on emulated[:NAME]` runs "
+                                   "one rank per host.")
+    p.add_argument("action", choices=("up", "status", "down"))
+    p.add_argument("--hosts", type=positive_int, default=4, metavar="N", help="hosts (default 4)")
+    p.add_argument("--bandwidth", default="1Gbit", metavar="RATE", help="line rate of every host's link (default 1Gbit)")
+    p.add_argument("--name", default="default", metavar="NAME", help="cluster name (default 'default')")
+    p.add_argument("--measure", action="store_true", help="after `up`, measure the payload rate between two hosts")
+    p.add_argument("--json", action="store_true")
+    COMMANDS["cluster"] = cmd_cluster
+
+
+_EXTENSIONS_BUILTIN = [_register_engine, _register_cluster]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="layerplan",
@@ -171,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     COMMANDS["hardware"] = cmd_hardware
 
-    for register in _EXTENSIONS:
+    for register in _EXTENSIONS_BUILTIN + _EXTENSIONS:
         register(sub)
     return parser
 

@@ -52,3 +52,52 @@ def profile_plot(net: NetSpec, path: str | Path) -> None:
     ax.legend(loc="upper left")
     _save(fig, path)
     plt.close(fig)
+
+
+def timeline_plot(pred, path: str | Path, title: str) -> None:
+    """One row per role: its compute and communication tasks over one predicted step."""
+    plt = _pyplot()
+    roles = list(pred.groups)
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.9 * len(roles)))
+    colors = {"compute": "tab:blue", "comm": "tab:orange"}
+    seen = set()
+    for e in pred.timeline:
+        y = roles.index(e.group)
+        kind = e.tag if e.tag in colors else "comm"
+        label = None if kind in seen else ("compute" if kind == "compute" else "communication")
+        seen.add(kind)
+        off = 0.2 if kind == "comm" else -0.2
+        ax.barh(y + off, (e.end_s - e.start_s) * 1e3, left=e.start_s * 1e3, height=0.35, color=colors[kind],
+                edgecolor="black", linewidth=0.4, label=label)
+        if (e.end_s - e.start_s) > 0.06 * max(pred.step_time_s, 1e-12):
+            ax.text((e.start_s + e.end_s) / 2 * 1e3, y + off, e.name, ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(roles)), [f"{r} (×{pred.groups[r]})" for r in roles])
+    ax.set_xlabel("time within the step (ms)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def scaling_plot(curves, path: str | Path, title: str) -> None:
+    """Throughput and speedup against workers, one line per strategy."""
+    plt = _pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for cv in curves:
+        w = [p.workers for p in cv.points]
+        a1.plot(w, [p.throughput_samples_per_s for p in cv.points], marker="o", label=cv.strategy)
+        a2.plot(w, [p.speedup for p in cv.points], marker="o", label=cv.strategy)
+    allw = sorted({p.workers for cv in curves for p in cv.points})
+    if allw:
+        a2.plot(allw, allw, linestyle=":", color="grey", label="linear")
+    for a in (a1, a2):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("workers")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    a1.set_ylabel("throughput (samples/s)")
+    a2.set_ylabel("speedup over one device (×)")
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)
+    plt.close(fig)

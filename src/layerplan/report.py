@@ -17,7 +17,10 @@ _CONSOLE: Console | None = None
 def console() -> Console:
     global _CONSOLE
     if _CONSOLE is None:
-        _CONSOLE = Console(highlight=False)
+        import sys
+
+        # a pipe or a file gets wide lines rather than rich's 80-column default
+        _CONSOLE = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
     return _CONSOLE
 
 
@@ -164,3 +167,89 @@ def print_cluster(c) -> None:
     t.add_row("switch", "non-blocking" if c.switch_bandwidth_bytes_per_s is None else units.format_bandwidth(c.switch_bandwidth_bytes_per_s))
     t.add_row("shared cores", "no (each node its own)" if c.shared_cores is None else f"all nodes share {c.shared_cores}")
     console().print(t)
+
+
+# ---- predictions and plans -------------------------------------------------------------------
+def config_text(config: Any) -> str:
+    """'workers=7 servers=1' from a config dataclass or dict."""
+    from dataclasses import asdict, is_dataclass
+
+    d = asdict(config) if is_dataclass(config) else dict(config)
+    return " ".join(f"{k}={v}" for k, v in d.items() if k not in ("bucket_bytes",))
+
+
+def prediction_dict(net: NetSpec, cluster, strategy: str, config: dict, batch: int, pred) -> dict[str, Any]:
+    """`predict --json`: the engine's Prediction with what it is a prediction of."""
+    d = pred.to_dict()
+    d.update({"model": net.name, "strategy": strategy, "config": config, "batch_size": batch,
+              "global_batch": pred.samples_per_step, "cluster": cluster.to_dict()})
+    return d
+
+
+def print_prediction(doc: dict[str, Any], pred) -> None:
+    c = console()
+    c.print(f"[bold]{doc['model']}[/] · {doc['strategy']} ({config_text(doc['config'])}) · "
+            f"{doc['batch_size']} samples/worker, global batch {doc['global_batch']}")
+    c.print(f"step time {units.format_seconds(pred.step_time_s)} · throughput "
+            f"{pred.throughput_samples_per_s:,.1f} samples/s · bottleneck: {pred.bottleneck}")
+    t = Table(title="per role (one node of each)", title_justify="left")
+    for col in ("role", "nodes", "compute", "communication", "sent/step", "received/step"):
+        t.add_column(col, justify="left" if col == "role" else "right")
+    for role, b in pred.breakdown.items():
+        t.add_row(role, str(pred.groups[role]), units.format_seconds(b["compute_s"]), units.format_seconds(b["comm_s"]),
+                  units.format_bytes(pred.bytes_sent_per_node.get(role, 0)),
+                  units.format_bytes(pred.bytes_received_per_node.get(role, 0)))
+    c.print(t)
+    c.print(f"bytes on the network per step: {units.format_bytes(pred.total_bytes)}")
+
+
+def _speedup(r, ref) -> str:
+    return f"{r.throughput / ref.throughput:.2f}×" if ref else "–"
+
+
+def plan_rows(ranked, top: int):
+    best_ps = next((r for r in ranked if r.strategy == "ps"), None)
+    ring = next((r for r in ranked if r.strategy == "allreduce" and getattr(r.config, "algorithm", "") == "ring"), None)
+    return best_ps, ring, ranked[:top]
+
+
+def plan_dict(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str], top: int) -> dict[str, Any]:
+    best_ps, ring, rows = plan_rows(ranked, top)
+    return {
+        "model": net.name, "cluster": cluster.to_dict(), "batch_size": batch,
+        "ranked": [{"rank": i + 1, "strategy": r.strategy, "config": config_text(r.config),
+                    "step_time_s": r.prediction.step_time_s, "throughput_samples_per_s": r.throughput,
+                    "global_batch": r.prediction.samples_per_step,
+                    "speedup_vs_ps": r.throughput / best_ps.throughput if best_ps else None,
+                    "speedup_vs_ring_allreduce": r.throughput / ring.throughput if ring else None,
+                    "bottleneck": r.prediction.bottleneck} for i, r in enumerate(rows)],
+        "not_applicable": skipped,
+    }
+
+
+def print_plan(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str], top: int) -> None:
+    best_ps, ring, rows = plan_rows(ranked, top)
+    t = Table(title=f"{net.name} on {cluster.describe()}, {batch} samples/worker: {len(ranked)} plans ranked",
+              title_justify="left")
+    for col in ("#", "strategy", "config", "step time", "samples/s", "vs best ps", "vs ring", "bottleneck"):
+        t.add_column(col, justify="right" if col in ("#", "step time", "samples/s", "vs best ps", "vs ring") else "left")
+    for i, r in enumerate(rows):
+        t.add_row(str(i + 1), r.strategy, config_text(r.config), units.format_seconds(r.prediction.step_time_s),
+                  f"{r.throughput:,.1f}", _speedup(r, best_ps), _speedup(r, ring), r.prediction.bottleneck,
+                  style="bold green" if i == 0 else None)
+    console().print(t)
+    for name, why in skipped.items():
+        console().print(f"  {name}: not applicable — {why}")
+
+
+def print_scaling(curves, strong: bool) -> None:
+    for cv in curves:
+        t = Table(title=f"{cv.strategy}: {'strong' if strong else 'weak'} scaling", title_justify="left")
+        for col in ("workers", "nodes", "batch/worker", "step time", "samples/s", "speedup", "bottleneck"):
+            t.add_column(col, justify="left" if col == "bottleneck" else "right")
+        for p in cv.points:
+            t.add_row(str(p.workers), str(p.nodes), str(p.batch_per_worker), units.format_seconds(p.step_time_s),
+                      f"{p.throughput_samples_per_s:,.1f}", f"{p.speedup:.2f}×", p.bottleneck)
+        console().print(t)
+        for s in cv.skipped:
+            console().print(f"  skipped {s}")

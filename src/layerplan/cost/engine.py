@@ -1,0 +1,805 @@
+"""The one cost engine: a ``StepGraph`` (what a strategy does in one step) → a ``Prediction``.
+
+ARCHITECTURE.md principle 1: strategies describe a step — which tasks run on which node group,
+which bytes cross which NICs, what depends on what — and this engine turns it into time.
+
+**Symmetric node groups.** A graph names roles, each with a number of identical nodes
+(``{"worker": 1024, "server": 64}``). Every node has its own compute device and its own NIC, full
+duplex: egress and ingress each carry ``nic.bandwidth · nic.efficiency`` bytes/s. A task runs on
+every node of its group at once, all nodes alike, so the engine simulates one representative node
+per group and flow *classes* with multiplicities instead of single flows: a PS step with 1,024
+workers is four tasks, not a million flows.
+
+**Tasks** (frozen dataclasses; each has a unique ``name``, ``deps`` that must finish first, a
+``tag`` for the breakdown and an optional ``queue``):
+
+- ``Compute(group, seconds)``: ``seconds`` is its duration alone on one device. Compute tasks
+  active on one node at once share its device (processor sharing). With ``cluster.shared_cores``
+  set, every active compute task of the whole cluster (one per node of its group) also shares that
+  many cores: each runs at ``min(1, shared_cores / active)`` (one thread per task).
+- ``Transfer(src, dst, bytes_per_flow, pattern)``: a class of flows between two groups.
+  ``messages · latency_s`` pass before the bytes move. Patterns, with n_s / n_d nodes:
+
+  ============ ==================================== =========== =========== ==============
+  pattern      who sends to whom                    flows/src   flows/dst   flows in all
+  ============ ==================================== =========== =========== ==============
+  all_to_all   every src node to every dst node     n_d         n_s         n_s·n_d
+               (src = dst: to every other node)     (n−1)       (n−1)       n·(n−1)
+  spread       src nodes split evenly over dsts      1           ⌈n_s/n_d⌉   n_s
+  broadcast    each dst node from one src node       ⌈n_d/n_s⌉   1           n_d
+  within       src = dst, each node to another one   1           1           n
+  ============ ==================================== =========== =========== ==============
+
+  Uneven splits (n_s not a multiple of n_d) charge every node the busiest node's flow count: the
+  step waits for the busiest one. Byte totals use the exact flow counts.
+- ``Collective(group, scheme, bytes)``: a ``collectives.SCHEMES`` scheme over the group's nodes,
+  run as one coupled flow: ``rounds · latency_s``, then ``critical_bytes`` of progress, during
+  which each node's egress carries ``send/critical`` and its ingress ``recv/critical`` bytes per
+  byte of progress, and progress never runs faster than one NIC direction (the critical path
+  crosses one NIC at a time). Alone on a NIC it takes exactly the closed form of
+  ``collectives.py``; sharing a NIC, a tree's reduce-then-broadcast leaves on average half of each
+  direction to other flows.
+- ``Delay(seconds)``: a fixed wait (no resource).
+
+Tasks sharing a ``queue`` name run one at a time, in the order they become ready (FIFO; ties in
+the order the tasks are listed): a server that serves one batch at a time whoever sent it (RALP's
+PS worker, Omnivore's merged FC server). Time waiting in the queue is not part of the task.
+
+**Rates: max-min fair sharing** (progressive filling) of every resource — each group's per-node
+device, NIC egress, NIC ingress, the shared core pool and the switch (when
+``switch_bandwidth_bytes_per_s`` is set) — computed over task classes with multiplicities: the load
+a class puts on one node's NIC is its per-flow rate × its flows per node. Event-driven: at each
+start or finish the rates are recomputed and time advances to the next finish. Overlap of
+communication and computation happens wherever the deps allow it; strategies express a runtime's
+real overlap (or the papers' lack of it) through deps.
+
+**Iterations and steady state.** ``simulate(graph, cluster, iterations=k)`` unrolls k iterations:
+
+- static form: ``graph.tasks`` is one iteration; task ``x`` of iteration i becomes ``it{i}/x``, a
+  dep ``"x"`` means this iteration's ``x`` and ``"prev/x"`` the previous iteration's (dropped in
+  iteration 0 and when k = 1). A graph whose tasks never use ``prev/`` cannot be unrolled (its
+  iterations would not be ordered).
+- builder form: ``graph.build(i)`` returns iteration i's tasks with their final names (use
+  ``iteration_name(i, "x")`` for ``it{i}/x``); deps may name any task of iterations ≤ i.
+
+With k = 1 the step time is the makespan. With k ≥ 2, F_i = the finish of the last task of
+iteration i, m = k//2 − 1 and the **step time = (F_{k−1} − F_m)/(k − 1 − m)**: the mean over the
+second half of the iterations, after the pipeline fills. Breakdown, bytes and utilisation are
+measured over the same window and given per step.
+
+**Prediction**: step time, throughput (``samples_per_step`` / step time), per-role breakdown
+(``compute_s`` = the union of the intervals in which the role's tasks tagged "compute" ran,
+``comm_s`` the same for tasks tagged "comm" that the role sends or receives in; a task's interval
+includes its latency phase, not queueing), bytes per step (wire bytes sent per node and per role,
+received per node, the runtime's payload count, per link class, total), utilisation of every
+resource over the step, the bottleneck (the resource saturated longest, e.g. "server NIC ingress (97% busy)")
+and a timeline. ``Prediction.to_dict()`` is JSON-ready.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
+
+from layerplan.cost.collectives import SCHEMES, collective_cost
+from layerplan.errors import ConfigError
+from layerplan.hardware import ClusterSpec
+
+PATTERNS = ("all_to_all", "spread", "broadcast", "within")
+PREV = "prev/"
+
+
+# ---- tasks ---------------------------------------------------------------------------------------
+def _deps_tuple(obj: Any) -> None:
+    deps = obj.deps
+    if isinstance(deps, str):
+        deps = (deps,)
+    deps = tuple(deps)
+    if any(not isinstance(d, str) or not d for d in deps):
+        raise ConfigError(f"task {obj.name!r}: deps must be task names, got {obj.deps!r}")
+    object.__setattr__(obj, "deps", deps)
+    if not isinstance(obj.name, str) or not obj.name:
+        raise ConfigError(f"a task needs a non-empty name, got {obj.name!r}")
+    if obj.queue is not None and (not isinstance(obj.queue, str) or not obj.queue):
+        raise ConfigError(f"task {obj.name!r}: queue must be a non-empty name or None, got {obj.queue!r}")
+
+
+def _finite(obj: Any, what: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ConfigError(f"task {obj.name!r}: {what} must be a finite non-negative number, got {v!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Compute:
+    """Every node of ``group`` computes for ``seconds`` (its time alone on one device)."""
+
+    name: str
+    group: str
+    seconds: float
+    deps: tuple[str, ...] = ()
+    tag: str = "compute"
+    queue: str | None = None
+    """Tasks with the same queue name run one at a time, first ready first served."""
+
+    def __post_init__(self) -> None:
+        _deps_tuple(self)
+        _finite(self, "seconds", self.seconds)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Transfer:
+    """A class of flows from the nodes of ``src`` to the nodes of ``dst`` (see ``PATTERNS``)."""
+
+    name: str
+    src: str
+    dst: str
+    bytes_per_flow: float
+    pattern: str
+    deps: tuple[str, ...] = ()
+    messages: int = 1
+    """Messages per flow on the critical path: ``messages · latency_s`` pass before bytes move."""
+    tag: str = "comm"
+    queue: str | None = None
+
+    def __post_init__(self) -> None:
+        _deps_tuple(self)
+        _finite(self, "bytes_per_flow", self.bytes_per_flow)
+        if self.pattern not in PATTERNS:
+            raise ConfigError(f"transfer {self.name!r}: pattern {self.pattern!r} is not one of {', '.join(PATTERNS)}")
+        if not isinstance(self.messages, int) or isinstance(self.messages, bool) or self.messages < 0:
+            raise ConfigError(f"transfer {self.name!r}: messages must be a non-negative integer, got {self.messages!r}")
+        same = self.src == self.dst
+        if self.pattern == "within" and not same:
+            raise ConfigError(f"transfer {self.name!r}: pattern 'within' needs src == dst, got {self.src!r} → {self.dst!r}")
+        if self.pattern in ("spread", "broadcast") and same:
+            raise ConfigError(f"transfer {self.name!r}: pattern {self.pattern!r} needs two different groups")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Collective:
+    """A collective (``collectives.SCHEMES`` name) of ``bytes`` per node over the nodes of ``group``."""
+
+    name: str
+    group: str
+    scheme: str
+    bytes: float
+    deps: tuple[str, ...] = ()
+    tag: str = "comm"
+    queue: str | None = None
+
+    def __post_init__(self) -> None:
+        _deps_tuple(self)
+        _finite(self, "bytes", self.bytes)
+        if self.scheme not in SCHEMES:
+            raise ConfigError(f"collective {self.name!r}: unknown scheme {self.scheme!r}; known: {', '.join(SCHEMES)}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Delay:
+    """A fixed wait of ``seconds``; shown on ``group``'s timeline row when one is given."""
+
+    name: str
+    seconds: float
+    deps: tuple[str, ...] = ()
+    group: str | None = None
+    tag: str = "delay"
+    queue: str | None = None
+
+    def __post_init__(self) -> None:
+        _deps_tuple(self)
+        _finite(self, "seconds", self.seconds)
+
+
+Task = Union[Compute, Transfer, Collective, Delay]
+
+
+def iteration_name(i: int, name: str) -> str:
+    """The name task ``name`` of iteration ``i`` gets when a graph is unrolled: ``it{i}/name``."""
+    return f"it{i}/{name}"
+
+
+def _groups_of(t: Task) -> tuple[str, ...]:
+    if isinstance(t, Transfer):
+        return (t.src,) if t.src == t.dst else (t.src, t.dst)
+    if isinstance(t, Delay):
+        return () if t.group is None else (t.group,)
+    return (t.group,)
+
+
+# ---- the graph -----------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepGraph:
+    """One training step (or a builder of iterations) over symmetric node groups."""
+
+    groups: Mapping[str, int]
+    """Role name → number of identical nodes."""
+    tasks: tuple[Task, ...] = ()
+    """One iteration's tasks (static form)."""
+    samples_per_step: int
+    """Samples one iteration processes over the whole cluster (the global batch)."""
+    build: Callable[[int], Sequence[Task]] | None = field(default=None, compare=False)
+    """Builder form: iteration i's tasks with their final names (``tasks`` must then be empty)."""
+    iterations: int = 1
+    """Iterations ``simulate`` unrolls when not told otherwise (≥ 2 for asynchronous schedules)."""
+
+    def __post_init__(self) -> None:
+        groups = dict(self.groups)
+        for role, n in groups.items():
+            if not isinstance(role, str) or not role:
+                raise ConfigError(f"step graph: role names must be non-empty strings, got {role!r}")
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ConfigError(f"step graph: role {role!r} needs at least 1 node, got {n!r}")
+        object.__setattr__(self, "groups", groups)
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        if not isinstance(self.samples_per_step, (int, float)) or isinstance(self.samples_per_step, bool) or self.samples_per_step < 0:
+            raise ConfigError(f"step graph: samples_per_step must be a non-negative number, got {self.samples_per_step!r}")
+        if not isinstance(self.iterations, int) or self.iterations < 1:
+            raise ConfigError(f"step graph: iterations must be a positive integer, got {self.iterations!r}")
+        if self.build is not None:
+            if self.tasks:
+                raise ConfigError("step graph: give either tasks or build, not both")
+            return
+        if not self.tasks:
+            raise ConfigError("step graph: no tasks")
+        _validate(self.tasks, groups, static=True)
+
+
+def _validate(tasks: Sequence[Task], groups: Mapping[str, int], *, static: bool) -> None:
+    names: set[str] = set()
+    for t in tasks:
+        if not isinstance(t, (Compute, Transfer, Collective, Delay)):
+            raise ConfigError(f"step graph: {t!r} is not a Compute, Transfer, Collective or Delay")
+        if t.name in names:
+            raise ConfigError(f"step graph: task name {t.name!r} appears twice")
+        if static and t.name.startswith(PREV):
+            raise ConfigError(f"step graph: task name {t.name!r} may not start with {PREV!r}")
+        names.add(t.name)
+        for g in _groups_of(t):
+            if g not in groups:
+                raise ConfigError(f"task {t.name!r} runs on role {g!r}, which the graph does not have "
+                                  f"(roles: {', '.join(groups)})")
+    for t in tasks:
+        for d in t.deps:
+            target = d[len(PREV):] if static and d.startswith(PREV) else d
+            if target not in names:
+                raise ConfigError(f"task {t.name!r} depends on {d!r}, which is not a task of the graph")
+            if target == t.name and not d.startswith(PREV):
+                raise ConfigError(f"task {t.name!r} depends on itself")
+
+
+def _unroll(graph: StepGraph, k: int) -> tuple[list[Task], list[int]]:
+    """All tasks of k iterations with final names, and each one's iteration."""
+    out: list[Task] = []
+    its: list[int] = []
+    if graph.build is not None:
+        for i in range(k):
+            for t in graph.build(i):
+                out.append(t)
+                its.append(i)
+        _validate(out, graph.groups, static=False)
+        return out, its
+    if k == 1:
+        for t in graph.tasks:
+            deps = tuple(d for d in t.deps if not d.startswith(PREV))
+            out.append(t if deps == t.deps else _renamed(t, t.name, deps))
+            its.append(0)
+        return out, its
+    if not any(d.startswith(PREV) for t in graph.tasks for d in t.deps):
+        raise ConfigError("step graph: unrolling needs at least one 'prev/…' dependency between iterations; "
+                          "without one the iterations would all run at once")
+    for i in range(k):
+        for t in graph.tasks:
+            deps = []
+            for d in t.deps:
+                if d.startswith(PREV):
+                    if i > 0:
+                        deps.append(iteration_name(i - 1, d[len(PREV):]))
+                else:
+                    deps.append(iteration_name(i, d))
+            out.append(_renamed(t, iteration_name(i, t.name), tuple(deps)))
+            its.append(i)
+    return out, its
+
+
+def _renamed(t: Task, name: str, deps: tuple[str, ...]) -> Task:
+    from dataclasses import replace
+
+    return replace(t, name=name, deps=deps)
+
+
+# ---- the prediction ------------------------------------------------------------------------------
+class TimelineEntry(NamedTuple):
+    """One task on one role's row of the timeline (a transfer shows on its source and its destination)."""
+
+    name: str
+    group: str
+    start_s: float
+    end_s: float
+    tag: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    """What the engine predicts for one step (per step = per iteration; see ``simulate``)."""
+
+    step_time_s: float
+    samples_per_step: float
+    throughput_samples_per_s: float
+    groups: dict[str, int]
+    """Role → nodes."""
+    breakdown: dict[str, dict[str, float]]
+    """Role → {"compute_s", "comm_s"}: time per step one node of the role spends in compute tasks /
+    in communication tasks (union of their intervals)."""
+    bytes_sent_per_node: dict[str, float]
+    """Role → wire bytes one node of the role sends per step (mean over the role's nodes)."""
+    bytes_received_per_node: dict[str, float]
+    """Role → wire bytes one node of the role receives per step."""
+    bytes_sent_by_role: dict[str, float]
+    """Role → wire bytes all nodes of the role send per step."""
+    payload_sent_per_node: dict[str, float]
+    """Role → bytes per node as the runtime counts them (metrics.py): a collective's payload once
+    per participant, point-to-point bytes as sent."""
+    bytes_per_link: dict[str, float]
+    """"src->dst" role pair → wire bytes per step over all nodes."""
+    total_bytes: float
+    """Wire bytes sent per step by all nodes."""
+    utilization: dict[str, float]
+    """Resource → mean load over the step as a share of its capacity (one node of a role's
+    device / NIC egress / NIC ingress; the shared core pool; the switch)."""
+    saturated: dict[str, float]
+    """Resource → share of the step it ran at full capacity (what the bottleneck is chosen by)."""
+    latency_share: float
+    """Share of the step during which some task was in its latency phase."""
+    bottleneck: str
+    timeline: tuple[TimelineEntry, ...]
+    """Every task of every simulated iteration."""
+    iterations: int
+    window_s: tuple[float, float]
+    """The interval the per-step figures are measured over."""
+
+    def to_dict(self) -> dict[str, Any]:
+        def num(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {
+            "kind": "prediction",
+            "step_time_s": self.step_time_s,
+            "throughput_samples_per_s": num(self.throughput_samples_per_s),
+            "samples_per_step": self.samples_per_step,
+            "groups": dict(self.groups),
+            "breakdown": {r: dict(b) for r, b in self.breakdown.items()},
+            "bytes_per_step": {
+                "total": self.total_bytes,
+                "per_role": dict(self.bytes_sent_per_node),
+                "per_role_all_nodes": dict(self.bytes_sent_by_role),
+                "received_per_role": dict(self.bytes_received_per_node),
+                "payload_per_role": dict(self.payload_sent_per_node),
+                "per_link": dict(self.bytes_per_link),
+            },
+            "utilization": dict(self.utilization),
+            "saturated": dict(self.saturated),
+            "latency_share": self.latency_share,
+            "bottleneck": self.bottleneck,
+            "iterations": self.iterations,
+            "window_s": list(self.window_s),
+            "timeline": [e._asdict() for e in self.timeline],
+        }
+
+
+# ---- compiling tasks to activities ---------------------------------------------------------------
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _flows(t: Transfer, groups: Mapping[str, int]) -> tuple[int, int, int]:
+    """(flows out of one src NIC, flows into one dst NIC, flows in all)."""
+    n_s, n_d = groups[t.src], groups[t.dst]
+    if t.pattern == "all_to_all":
+        if t.src == t.dst:
+            return n_s - 1, n_s - 1, n_s * (n_s - 1)
+        return n_d, n_s, n_s * n_d
+    if t.pattern == "spread":
+        return 1, _ceil_div(n_s, n_d), n_s
+    if t.pattern == "broadcast":
+        return _ceil_div(n_d, n_s), 1, n_d
+    return (1, 1, n_s) if n_s > 1 else (0, 0, 0)  # within
+
+
+class _Resources:
+    def __init__(self, groups: Mapping[str, int], cluster: ClusterSpec) -> None:
+        self.names: list[str] = []
+        self.caps: list[float] = []
+        self.dev: dict[str, int] = {}
+        self.egress: dict[str, int] = {}
+        self.ingress: dict[str, int] = {}
+        bw = cluster.nic.payload_bytes_per_s  # PALEO §3.3: payload share of the line rate
+        self.group_index = {g: j for j, g in enumerate(groups)}
+        self.nic_of: list[int] = []  # per resource: the group whose NIC it is, or -1
+        for j, g in enumerate(groups):
+            self.dev[g] = self._add(f"{g} compute", 1.0, -1)
+            self.egress[g] = self._add(f"{g} NIC egress", bw, j)
+            self.ingress[g] = self._add(f"{g} NIC ingress", bw, j)
+        self.cores = None if cluster.shared_cores is None else self._add("shared cores", float(cluster.shared_cores), -1)
+        sw = cluster.switch_bandwidth_bytes_per_s
+        self.switch = None if sw is None else self._add("switch", float(sw), -1)
+
+    def _add(self, name: str, cap: float, nic_of: int) -> int:
+        self.names.append(name)
+        self.caps.append(cap)
+        self.nic_of.append(nic_of)
+        return len(self.names) - 1
+
+
+@dataclass(slots=True)
+class _Act:
+    """One task compiled: a latency phase, then ``amount`` units of progress at a shared rate."""
+
+    index: int
+    name: str
+    iteration: int
+    latency: float
+    amount: float
+    coefs: list[tuple[int, float]]
+    queue: str | None
+    rows: tuple[str, ...]
+    tag: str
+    sent: dict[str, float]
+    recv: dict[str, float]
+    payload: dict[str, float]
+    links: dict[str, float]
+    network: bool
+    nic_group: int = -1
+    """For a collective: the index of its group (its run at ``cap`` keeps that group's NIC busy)."""
+    cap: float = math.inf
+    """Upper bound on the rate: a collective's critical path crosses one NIC direction at a time."""
+    deps: list[int] = field(default_factory=list)
+    dependents: list[int] = field(default_factory=list)
+    waiting: int = 0
+    start: float = math.nan
+    end: float = math.nan
+    remaining: float = 0.0
+    rate: float = 0.0
+
+
+def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int], cluster: ClusterSpec,
+             res: _Resources) -> list[_Act]:
+    lat_s = cluster.nic.latency_s
+    index = {t.name: i for i, t in enumerate(tasks)}
+    acts: list[_Act] = []
+    for i, t in enumerate(tasks):
+        coefs: list[tuple[int, float]] = []
+        latency, amount = 0.0, 0.0
+        sent: dict[str, float] = {}
+        recv: dict[str, float] = {}
+        payload: dict[str, float] = {}
+        links: dict[str, float] = {}
+        if isinstance(t, Compute):
+            amount = float(t.seconds)
+            coefs.append((res.dev[t.group], 1.0))  # processor sharing of the node's device
+            if res.cores is not None:
+                coefs.append((res.cores, float(groups[t.group])))  # one thread per task on the shared pool
+        elif isinstance(t, Transfer):
+            out_f, in_f, total_f = _flows(t, groups)
+            if total_f > 0:
+                latency = t.messages * lat_s  # α term: per-message latency before the bytes
+                amount = float(t.bytes_per_flow)
+                if amount > 0:
+                    coefs.append((res.egress[t.src], float(out_f)))
+                    coefs.append((res.ingress[t.dst], float(in_f)))
+                    if res.switch is not None:
+                        coefs.append((res.switch, float(total_f)))
+                total = t.bytes_per_flow * total_f
+                sent[t.src] = total
+                recv[t.dst] = total
+                payload[t.src] = total
+                links[f"{t.src}->{t.dst}"] = total
+        elif isinstance(t, Collective):
+            n = groups[t.group]
+            cost = collective_cost(t.scheme, t.bytes, n)
+            latency = cost.rounds * lat_s  # α term: rounds on the critical path
+            amount = cost.critical_bytes
+            if amount > 0:
+                for r, b in ((res.egress[t.group], cost.send_bytes_per_node), (res.ingress[t.group], cost.recv_bytes_per_node)):
+                    if b > 0:
+                        coefs.append((r, b / amount))
+                if res.switch is not None and cost.total_bytes > 0:
+                    coefs.append((res.switch, cost.total_bytes / amount))
+            if n > 1:
+                sent[t.group] = cost.total_bytes
+                recv[t.group] = cost.total_bytes
+                payload[t.group] = float(t.bytes) * n  # metrics.py: a collective's payload once per participant
+                links[f"{t.group}->{t.group}"] = cost.total_bytes
+        else:  # Delay
+            latency = float(t.seconds)
+        if not coefs:
+            amount = 0.0
+        cap, nic_group = math.inf, -1
+        if isinstance(t, Collective) and amount > 0:
+            cap = res.caps[res.egress[t.group]]  # the critical path moves through one NIC direction at a time
+            nic_group = res.group_index[t.group]
+        acts.append(_Act(index=i, name=t.name, iteration=its[i], latency=latency, amount=amount, coefs=coefs,
+                         queue=t.queue, rows=_groups_of(t), tag=t.tag, sent=sent, recv=recv, payload=payload, links=links,
+                         network=isinstance(t, (Transfer, Collective)), nic_group=nic_group, cap=cap))
+    for a, t in zip(acts, tasks):
+        a.deps = [index[d] for d in t.deps]
+        a.waiting = len(a.deps)
+        for d in a.deps:
+            acts[d].dependents.append(a.index)
+    return acts
+
+
+# ---- rates ---------------------------------------------------------------------------------------
+def _max_min_rates(running: list[_Act], caps: list[float]) -> None:
+    """Max-min fair rates by progressive filling: raise every unfrozen activity's rate together
+    until a resource saturates, freeze the activities using it, repeat."""
+    residual = list(caps)
+    unfrozen = running
+    while unfrozen:
+        load: dict[int, float] = {}
+        for a in unfrozen:
+            for r, c in a.coefs:
+                load[r] = load.get(r, 0.0) + c
+        level = math.inf
+        for r, ld in load.items():
+            t = residual[r] / ld
+            if t < level:
+                level = t
+        for a in unfrozen:
+            if a.cap < level:
+                level = a.cap
+        if level < 0:
+            level = 0.0
+        cut = level * (1 + 1e-9) + 1e-300
+        saturated = {r for r, ld in load.items() if residual[r] / ld <= cut}
+        still = []
+        for a in unfrozen:
+            if a.cap <= cut or any(r in saturated for r, _ in a.coefs):
+                a.rate = level
+                for r, c in a.coefs:
+                    residual[r] -= c * level
+            else:
+                still.append(a)
+        unfrozen = still
+
+
+# ---- simulation ----------------------------------------------------------------------------------
+def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = None) -> Prediction:
+    """Simulate ``graph`` on ``cluster`` (``iterations`` defaults to ``graph.iterations``)."""
+    k = graph.iterations if iterations is None else iterations
+    if not isinstance(k, int) or k < 1:
+        raise ConfigError(f"iterations must be a positive integer, got {k!r}")
+    tasks, its = _unroll(graph, k)
+    groups = graph.groups
+    res = _Resources(groups, cluster)
+    acts = _compile(tasks, its, groups, cluster, res)
+    full = [c * (1 - 1e-9) for c in res.caps]
+    nic_of = res.nic_of
+    # One record per stretch of constant rates: (t0, t1, load per resource, saturated resources,
+    # groups whose NIC is busy). Integrated over the measured window at the end.
+    segments: list[tuple[float, float, dict[int, float], list[int], set[int]]] = []
+
+    now = 0.0
+    running: list[_Act] = []
+    latent: list[tuple[float, int]] = []  # (end of latency phase, index)
+    queues: dict[str, list[int]] = {}
+    queue_busy: dict[str, bool] = {}
+    ready = [a.index for a in acts if a.waiting == 0]
+    done = 0
+
+    def begin(a: _Act, fresh: list[int]) -> None:
+        a.start = now
+        if a.latency > 0:
+            heapq.heappush(latent, (now + a.latency, a.index))
+        elif a.amount > 0:
+            a.remaining = a.amount
+            running.append(a)
+        else:
+            finish(a, fresh)
+
+    def finish(a: _Act, fresh: list[int]) -> None:
+        nonlocal done
+        a.end = now
+        done += 1
+        for d in a.dependents:
+            b = acts[d]
+            b.waiting -= 1
+            if b.waiting == 0:
+                fresh.append(d)
+        if a.queue is not None:
+            q = queues.get(a.queue)
+            if q:
+                begin(acts[q.pop(0)], fresh)
+            else:
+                queue_busy[a.queue] = False
+
+    def launch(indices: list[int]) -> None:
+        while indices:
+            indices.sort()
+            fresh: list[int] = []
+            for i in indices:
+                a = acts[i]
+                if a.queue is not None:
+                    if queue_busy.get(a.queue):
+                        queues.setdefault(a.queue, []).append(i)
+                        continue
+                    queue_busy[a.queue] = True
+                begin(a, fresh)
+            indices = fresh
+
+    launch(ready)
+    while running or latent:
+        if running:
+            _max_min_rates(running, res.caps)
+        t_next = latent[0][0] if latent else math.inf
+        for a in running:
+            t = now + a.remaining / a.rate if a.rate > 0 else math.inf
+            if t < t_next:
+                t_next = t
+        if not math.isfinite(t_next):
+            raise ConfigError("step graph: a task cannot make progress (a resource with no capacity)")
+        dt = t_next - now
+        if dt > 0 and running:
+            usage: dict[int, float] = {}
+            busy_nics: set[int] = set()
+            for a in running:
+                a.remaining -= a.rate * dt
+                for r, c in a.coefs:
+                    usage[r] = usage.get(r, 0.0) + c * a.rate
+                if a.nic_group >= 0 and a.rate >= a.cap * (1 - 1e-9):
+                    busy_nics.add(a.nic_group)
+            sat = [r for r, u in usage.items() if u >= full[r]]
+            for r in sat:
+                if nic_of[r] >= 0:
+                    busy_nics.add(nic_of[r])
+            segments.append((now, t_next, usage, sat, busy_nics))
+        now = t_next
+        fresh: list[int] = []
+        current = running[:]
+        running.clear()  # finish() may begin queued tasks, which join ``running`` afresh
+        for a in current:
+            if a.remaining <= a.amount * 1e-9 or (a.rate > 0 and a.remaining / a.rate <= 1e-12 * max(now, 1e-300)):
+                a.remaining = 0.0
+                finish(a, fresh)
+            else:
+                running.append(a)
+        while latent and latent[0][0] <= now * (1 + 1e-12):
+            _, i = heapq.heappop(latent)
+            a = acts[i]
+            if a.amount > 0:
+                a.remaining = a.amount
+                running.append(a)
+            else:
+                finish(a, fresh)
+        launch(fresh)
+
+    if done < len(acts):
+        stuck = [a.name for a in acts if math.isnan(a.end)]
+        raise ConfigError(f"step graph: {len(stuck)} task(s) never start (a dependency cycle?): {', '.join(stuck[:5])}")
+    return _predict(graph, acts, res, k, segments)
+
+
+def _union_clipped(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    spans = sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi)
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _predict(graph: StepGraph, acts: list[_Act], res: _Resources, k: int,
+             segments: list[tuple[float, float, dict[int, float], list[int], set[int]]]) -> Prediction:
+    finish = [0.0] * k
+    for a in acts:
+        if a.end > finish[a.iteration]:
+            finish[a.iteration] = a.end
+    if k == 1:
+        lo, hi, count, measured = 0.0, finish[0], 1, {0}
+    else:
+        m = k // 2 - 1
+        lo, hi, count = finish[m], finish[k - 1], k - 1 - m
+        measured = set(range(m + 1, k))
+    span = hi - lo
+    step = span / count
+
+    nres = len(res.caps)
+    load = [0.0] * nres
+    sat_time = [0.0] * nres
+    nic_time = [0.0] * len(graph.groups)
+    for t0, t1, usage, sat, nics in segments:
+        d = min(t1, hi) - max(t0, lo)
+        if d <= 0:
+            continue
+        for r, u in usage.items():
+            load[r] += u * d
+        for r in sat:
+            sat_time[r] += d
+        for j in nics:
+            nic_time[j] += d
+
+    groups = dict(graph.groups)
+    compute_iv: dict[str, list[tuple[float, float]]] = {g: [] for g in groups}
+    comm_iv: dict[str, list[tuple[float, float]]] = {g: [] for g in groups}
+    latency_iv: list[tuple[float, float]] = []
+    sent = dict.fromkeys(groups, 0.0)
+    recv = dict.fromkeys(groups, 0.0)
+    payload = dict.fromkeys(groups, 0.0)
+    links: dict[str, float] = {}
+    timeline: list[TimelineEntry] = []
+    for a in acts:
+        for g in a.rows:
+            timeline.append(TimelineEntry(a.name, g, a.start, a.end, a.tag))
+            if a.tag == "compute":
+                compute_iv[g].append((a.start, a.end))
+            elif a.tag == "comm":
+                comm_iv[g].append((a.start, a.end))
+        if a.latency > 0 and a.network:
+            latency_iv.append((a.start, a.start + a.latency))
+        if a.iteration in measured:
+            for g, b in a.sent.items():
+                sent[g] += b
+            for g, b in a.recv.items():
+                recv[g] += b
+            for g, b in a.payload.items():
+                payload[g] += b
+            for key, b in a.links.items():
+                links[key] = links.get(key, 0.0) + b
+    breakdown = {g: {"compute_s": _union_clipped(compute_iv[g], lo, hi) / count,
+                     "comm_s": _union_clipped(comm_iv[g], lo, hi) / count} for g in groups}
+    share = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
+    utilization = {name: share(load[r] / cap) for r, (name, cap) in enumerate(zip(res.names, res.caps))}
+    saturated = {name: share(sat_time[r]) for r, name in enumerate(res.names)}
+    nic_busy = {g: share(nic_time[j]) for j, g in enumerate(groups)}
+    latency_share = share(_union_clipped(latency_iv, lo, hi))
+    bottleneck = _bottleneck(res, saturated, nic_busy, latency_share)
+    total = sum(sent.values()) / count
+    return Prediction(
+        step_time_s=step,
+        samples_per_step=graph.samples_per_step,
+        throughput_samples_per_s=graph.samples_per_step / step if step > 0 else math.inf,
+        groups=groups,
+        breakdown=breakdown,
+        bytes_sent_per_node={g: sent[g] / count / groups[g] for g in groups},
+        bytes_received_per_node={g: recv[g] / count / groups[g] for g in groups},
+        bytes_sent_by_role={g: sent[g] / count for g in groups},
+        payload_sent_per_node={g: payload[g] / count / groups[g] for g in groups},
+        bytes_per_link={key: b / count for key, b in links.items()},
+        total_bytes=total,
+        utilization=utilization,
+        saturated=saturated,
+        latency_share=latency_share,
+        bottleneck=bottleneck,
+        timeline=tuple(timeline),
+        iterations=k,
+        window_s=(lo, hi),
+    )
+
+
+def _bottleneck(res: _Resources, saturated: Mapping[str, float], nic_busy: Mapping[str, float], latency_share: float) -> str:
+    """The resource saturated for the largest share of the step. A NIC whose two directions are
+    saturated one after the other (a server receiving every push, then sending every pull), or
+    that carries a collective's critical path at full speed, counts as one busy NIC."""
+    best_name, best = "none", 0.0
+    for name, u in saturated.items():
+        if u > best * (1 + 1e-9):
+            best_name, best = f"{name} ({u:.0%} busy)", u
+    for g, u in nic_busy.items():
+        if u > best * (1 + 1e-6):
+            e, i = saturated[res.names[res.egress[g]]], saturated[res.names[res.ingress[g]]]
+            detail = f": ingress {i:.0%}, egress {e:.0%}" if e > 0 and i > 0 else ""
+            best_name, best = f"{g} NIC ({u:.0%} busy{detail})", u
+    if latency_share > best * (1 + 1e-9) and latency_share > 0:
+        return f"network latency ({latency_share:.0%} of the step)"
+    return best_name
+
+
+__all__ = ["PATTERNS", "Collective", "Compute", "Delay", "Prediction", "StepGraph", "Task", "TimelineEntry", "Transfer",
+           "iteration_name", "simulate"]

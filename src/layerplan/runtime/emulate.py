@@ -1,0 +1,258 @@
+"""An emulated cluster on one machine: network namespaces on a bridge, real bandwidth limits.
+
+Each host is a network namespace with one interface (``eth0``, 10.77.<k>.<i+1>/24) joined by a
+veth pair to a bridge that lives in its own namespace, so the machine never routes into the test
+subnet. A token-bucket filter (tbf) shapes both ends of every host's link — the host's egress and
+the switch port's egress towards it — so each host gets R in and R out, like a switch port
+(EMULATION.md). tbf burst ≥ max(64 KB, R × 1 ms) and limit ≥ 4 × burst: a burst below the MTU
+drops every packet silently.
+
+Root is needed for ``ip netns``; without root, ``ephemeral()`` runs inside an unprivileged user
+namespace (``unshare -Urnm``) where the same recipe works and vanishes with the namespace.
+Nothing is left behind: ``down`` is idempotent and kills every process still in a host, and the
+context manager tears the cluster down on exit, on exceptions and on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from layerplan import units
+from layerplan.errors import LayerplanError
+
+PREFIX = "layerplan"
+STATE_DIR = Path(os.environ.get("LAYERPLAN_STATE_DIR", "/tmp/layerplan-emulated"))
+MTU_BYTES = 1500
+
+
+class EmulationError(LayerplanError):
+    """The emulated cluster cannot be built, found or used here."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Emulated:
+    """A running emulated cluster."""
+
+    name: str
+    hosts: int
+    rate_bytes_per_s: float
+    """Configured line rate of every host's link (each direction)."""
+    subnet: int
+    """k in 10.77.k.0/24."""
+
+    @property
+    def switch(self) -> str:
+        return f"{PREFIX}-{self.name}-sw"
+
+    def host(self, i: int) -> str:
+        return f"{PREFIX}-{self.name}-h{i}"
+
+    def address(self, i: int) -> str:
+        return f"10.77.{self.subnet}.{i + 1}"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "hosts": self.hosts, "rate_bytes_per_s": self.rate_bytes_per_s, "subnet": self.subnet}
+
+    def exec_prefix(self, i: int) -> list[str]:
+        """argv prefix that runs a command inside host i."""
+        return ["ip", "netns", "exec", self.host(i)]
+
+    def cluster_spec(self, device=None, shared_cores: int | None = None):
+        """The ClusterSpec this emulation stands for: its link rate (TCP payload efficiency as
+        measured here, EMULATION.md: ≈ 0.956), one CPU device per host, and the cores every host
+        shares (the machine's)."""
+        from layerplan import hardware
+
+        nic = hardware.LinkSpec(name=f"emulated {units.format_bandwidth(self.rate_bytes_per_s)}",
+                                bandwidth_bytes_per_s=self.rate_bytes_per_s, latency_s=90e-6, efficiency=0.956,
+                                note="tbf-shaped veth on this machine")
+        return hardware.ClusterSpec(name=f"emulated:{self.name}", nodes=self.hosts, device=device or hardware.DEVICES["cpu-core"],
+                                    nic=nic, shared_cores=shared_cores or os.cpu_count() or 1)
+
+
+def burst_bytes(rate_bytes_per_s: float) -> int:
+    """tbf burst: ≥ max(64 KB, rate × 1 ms) (EMULATION.md)."""
+    return int(max(64_000, rate_bytes_per_s * 1e-3, 2 * MTU_BYTES))
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise EmulationError(f"`ip {' '.join(args)}` failed: {r.stderr.strip() or r.stdout.strip()}")
+    return r
+
+
+def _tc(ns: str, dev: str, rate_bytes_per_s: float) -> None:
+    burst = burst_bytes(rate_bytes_per_s)
+    rate_bit = int(rate_bytes_per_s * 8)
+    _ip("netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_bit}bit",
+        "burst", str(burst), "limit", str(4 * burst))
+
+
+def check_available() -> None:
+    """Raise EmulationError with the reason when namespaces cannot be made here."""
+    if shutil.which("ip") is None:
+        raise EmulationError("the emulated cluster needs iproute2 (`ip`); install it (apt-get install iproute2)")
+    if shutil.which("tc") is None:
+        raise EmulationError("the emulated cluster needs `tc` (iproute2)")
+    if os.geteuid() != 0:
+        raise EmulationError("the emulated cluster needs root for network namespaces; run as root, or use an "
+                             "unprivileged user namespace: unshare -Urnm --propagation private layerplan ...")
+
+
+def _state_file(name: str) -> Path:
+    return STATE_DIR / f"{name}.json"
+
+
+def namespaces() -> list[str]:
+    r = _ip("netns", "list", check=False)
+    return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+
+
+def _validate_name(name: str) -> None:
+    if not name or not all(ch.isalnum() or ch in "-_" for ch in name) or len(name) > 24:
+        raise EmulationError(f"cluster name {name!r}: use up to 24 letters, digits, '-' or '_'")
+
+
+def up(hosts: int, rate: str | float, name: str = "default") -> Emulated:
+    """Create the cluster (replacing one of the same name)."""
+    _validate_name(name)
+    if not isinstance(hosts, int) or hosts < 1 or hosts > 200:
+        raise EmulationError(f"--hosts must be between 1 and 200, got {hosts}")
+    rate_b = units.parse_bandwidth(rate, "--bandwidth") if isinstance(rate, str) else float(rate)
+    check_available()
+    down(name)
+    used = {json.loads(p.read_text()).get("subnet") for p in STATE_DIR.glob("*.json")} if STATE_DIR.exists() else set()
+    subnet = next(k for k in range(1, 255) if k not in used)
+    emu = Emulated(name=name, hosts=hosts, rate_bytes_per_s=rate_b, subnet=subnet)
+    try:
+        _ip("netns", "add", emu.switch)
+        _ip("-n", emu.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", emu.switch, "link", "set", "br0", "up")
+        for i in range(hosts):
+            ns = emu.host(i)
+            _ip("netns", "add", ns)
+            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}", "netns", emu.switch)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "addr", "add", f"{emu.address(i)}/24", "dev", "eth0")
+            _ip("-n", emu.switch, "link", "set", f"p{i}", "master", "br0", "up")
+            _tc(ns, "eth0", rate_b)  # the host's egress
+            _tc(emu.switch, f"p{i}", rate_b)  # the switch port towards the host: the host's ingress
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        _state_file(name).write_text(json.dumps(emu.to_dict()))
+    except BaseException:
+        down(name)
+        raise
+    return emu
+
+
+def find(name: str = "default") -> Emulated:
+    p = _state_file(name)
+    if not p.exists() or f"{PREFIX}-{name}-sw" not in namespaces():
+        raise EmulationError(f"no emulated cluster named {name!r} is up; start one: layerplan cluster up --hosts 4 "
+                             f"--bandwidth 1Gbit --name {name}")
+    return Emulated(**json.loads(p.read_text()))
+
+
+def pids(emu_name: str) -> list[int]:
+    out = []
+    for ns in namespaces():
+        if ns.startswith(f"{PREFIX}-{emu_name}-"):
+            r = _ip("netns", "pids", ns, check=False)
+            out += [int(x) for x in r.stdout.split() if x.isdigit()]
+    return out
+
+
+def down(name: str = "default") -> int:
+    """Kill what runs in the cluster's hosts and delete its namespaces. Idempotent; returns the
+    number of namespaces removed."""
+    if shutil.which("ip") is None:
+        return 0
+    for pid in pids(name):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    removed = 0
+    for ns in namespaces():
+        if ns.startswith(f"{PREFIX}-{name}-"):
+            _ip("netns", "del", ns, check=False)
+            removed += 1
+    try:
+        _state_file(name).unlink()
+    except FileNotFoundError:
+        pass
+    return removed
+
+
+def status() -> list[dict]:
+    """Every emulated cluster that is up, with its hosts and the processes running in them."""
+    out = []
+    if STATE_DIR.exists():
+        for p in sorted(STATE_DIR.glob("*.json")):
+            d = json.loads(p.read_text())
+            alive = f"{PREFIX}-{d['name']}-sw" in namespaces()
+            d["up"] = alive
+            d["processes"] = len(pids(d["name"])) if alive else 0
+            out.append(d)
+    return out
+
+
+@contextmanager
+def running(hosts: int, rate: str | float, name: str | None = None) -> Iterator[Emulated]:
+    """A cluster for the duration of a block: torn down on exit, exceptions, SIGINT and SIGTERM."""
+    name = name or f"tmp{os.getpid()}"
+    previous = {}
+
+    def _handler(signum, frame):
+        down(name)
+        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, _handler)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield up(hosts, rate, name)
+    finally:
+        down(name)
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+def host_env(emu: Emulated, rank: int, world: int, master: int = 0, port: int = 29500) -> dict[str, str]:
+    """Environment of a rank in host ``rank``: gloo on the host's interface (mandatory inside the
+    namespaces, where the hostname resolves to 127.0.0.1)."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": emu.address(master), "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": "eth0", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
+def measure_rate(emu: Emulated, src: int = 0, dst: int = 1, nbytes: int = 20_000_000, python: Sequence[str] = ("python3",)) -> float:
+    """Payload bytes/s of one TCP stream from host src to host dst (plain sockets, no torch)."""
+    if emu.hosts < 2:
+        raise EmulationError("measuring a link needs at least 2 hosts")
+    port = 29400
+    server = ("import socket,time;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+              f"s.bind(('{emu.address(dst)}',{port}));s.listen(1);c,_=s.accept();n=0;t=None\n"
+              "while True:\n b=c.recv(1<<20)\n if t is None: t=time.perf_counter()\n if not b: break\n n+=len(b)\n"
+              "print(n/(time.perf_counter()-t))")
+    client = ("import socket,time;time.sleep(0.3);s=socket.create_connection(("
+              f"'{emu.address(dst)}',{port}));buf=b'x'*(1<<20);left={nbytes}\n"
+              "while left>0:\n s.sendall(buf[:min(left,len(buf))]); left-=min(left,len(buf))\n"
+              "s.close()")
+    srv = subprocess.Popen([*emu.exec_prefix(dst), *python, "-c", server], stdout=subprocess.PIPE, text=True)
+    cli = subprocess.run([*emu.exec_prefix(src), *python, "-c", client], capture_output=True, text=True, timeout=120)
+    out, _ = srv.communicate(timeout=120)
+    if cli.returncode != 0 or not out.strip():
+        raise EmulationError(f"link measurement failed: {cli.stderr.strip()[-200:]}")
+    return float(out.strip())

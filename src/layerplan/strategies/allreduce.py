@@ -1,0 +1,94 @@
+"""`allreduce`: data parallelism with gradients all-reduced among the workers (PALEO §2), as torch's
+DistributedDataParallel runs it: gradients are grouped into buckets in reverse layer order (the
+order backward produces them) and each bucket's all-reduce starts as soon as its gradients are
+ready, overlapping the rest of backward; all-reduces run one after another on the wire.
+
+Algorithms: ring (Horovod, NCCL/gloo default for large buffers), tree and butterfly (PALEO §2),
+recursive doubling (Stanza §4), one-to-all (PALEO §2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerplan.cost.collectives import ALLREDUCE
+from layerplan.cost.engine import Collective, Compute, StepGraph
+from layerplan.hardware import ClusterSpec
+from layerplan.netspec.spec import NetSpec
+from layerplan.errors import ConfigError
+from layerplan.strategies.base import Strategy, bwd_s, fwd_s, require_nodes, require_positive, update_s
+
+DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # torch DDP: the first bucket is capped at 1 MiB
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllreduceConfig:
+    workers: int
+    """Nodes, each a full replica."""
+    algorithm: str = "ring"
+    """ring, tree, butterfly, recursive_doubling or one_to_all."""
+    bucket_bytes: int = DDP_BUCKET_BYTES
+    """Gradient bucket size (DDP bucket_cap_mb); 0 = one all-reduce after the whole backward."""
+
+
+class Allreduce(Strategy):
+    name = "allreduce"
+    Config = AllreduceConfig
+    summary = "data parallel, gradients all-reduced (DDP: bucketed, overlapped with backward)"
+
+    def check(self, net, cluster, config: AllreduceConfig) -> None:
+        require_positive(self.name, workers=config.workers)
+        require_nodes(self.name, config.workers, cluster, f"{config.workers} workers")
+        if config.algorithm not in ALLREDUCE:
+            raise ConfigError(f"allreduce: unknown algorithm {config.algorithm!r}; use one of {', '.join(ALLREDUCE)}")
+        if config.bucket_bytes < 0:
+            raise ConfigError("allreduce: bucket_bytes must be non-negative")
+
+    def roles(self, config):
+        return {"worker": config.workers}
+
+    def global_batch(self, config, batch):
+        return config.workers * batch
+
+    def default(self, net, cluster, batch, *, workers=None, algorithm=None, **_):
+        return AllreduceConfig(workers=workers or cluster.nodes, algorithm=algorithm or "ring")
+
+    def space(self, net, cluster, batch):
+        return [AllreduceConfig(workers=cluster.nodes, algorithm=a) for a in ALLREDUCE]
+
+    def schedule(self, net: NetSpec, cluster: ClusterSpec, config: AllreduceConfig, batch: int) -> StepGraph:
+        self.check(net, cluster, config)
+        tasks = [Compute(name="fwd", group="worker", seconds=fwd_s(net, net.layers, cluster, batch))]
+        prev_bwd, prev_ar = "fwd", None
+        for i, layers in enumerate(buckets(net, config.bucket_bytes)):
+            bwd = f"bwd{i}"
+            tasks.append(Compute(name=bwd, group="worker", seconds=bwd_s(net, layers, cluster, batch), deps=(prev_bwd,)))
+            prev_bwd = bwd
+            nbytes = sum(layer.param_bytes for layer in layers)
+            if config.workers > 1 and nbytes > 0:
+                ar = f"allreduce{i}"
+                deps = (bwd,) if prev_ar is None else (bwd, prev_ar)
+                tasks.append(Collective(name=ar, group="worker", scheme=config.algorithm, bytes=nbytes, deps=deps))
+                prev_ar = ar
+        last = (prev_bwd,) if prev_ar is None else (prev_bwd, prev_ar)
+        tasks.append(Compute(name="update", group="worker", seconds=update_s(net.param_bytes, cluster), deps=last))
+        return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=config.workers * batch)
+
+
+def buckets(net: NetSpec, bucket_bytes: int) -> list[list]:
+    """Layers in backward order, cut where DDP closes a gradient bucket. The first bucket holds at
+    most 1 MiB (DDP), later ones ``bucket_bytes``; 0 = a single bucket."""
+    order = list(reversed(net.layers))
+    if bucket_bytes <= 0:
+        return [order]
+    out, cur, size, cap = [], [], 0, min(DDP_FIRST_BUCKET_BYTES, bucket_bytes)
+    for layer in order:
+        cur.append(layer)
+        size += layer.param_bytes
+        if size >= cap:
+            out.append(cur)
+            cur, size, cap = [], 0, bucket_bytes
+    if cur:
+        out.append(cur)
+    return out

@@ -1,0 +1,114 @@
+"""What every strategy is: a frozen Config, the space of valid configs, and a schedule — a StepGraph
+that says which tasks run on which node group, which bytes cross which NICs, and what depends on
+what. Strategies never compute a step time: the cost engine does (ARCHITECTURE.md principle 1)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, Sequence
+
+from layerplan.cost import compute
+from layerplan.cost.engine import StepGraph
+from layerplan.errors import ConfigError
+from layerplan.hardware import ClusterSpec
+from layerplan.netspec.spec import LayerSpec, NetSpec
+
+
+class Strategy:
+    """Base of the six strategies. Subclasses set ``name``, ``Config`` and ``summary`` and implement
+    ``check``, ``space``, ``default`` and ``schedule``."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type]
+    summary: ClassVar[str]
+    needs_fc_phase: ClassVar[bool] = False
+
+    # ---- what a strategy must say ------------------------------------------------------------
+    def check(self, net: NetSpec, cluster: ClusterSpec, config: Any) -> None:
+        """Raise ConfigError (with the reason) when ``config`` cannot run ``net`` on ``cluster``."""
+        raise NotImplementedError
+
+    def space(self, net: NetSpec, cluster: ClusterSpec, batch: int) -> list[Any]:
+        """Valid configs worth ranking on this cluster."""
+        raise NotImplementedError
+
+    def default(self, net: NetSpec, cluster: ClusterSpec, batch: int, **options: Any) -> Any:
+        """The config the CLI builds from --workers/--servers/... (None = let the strategy choose)."""
+        raise NotImplementedError
+
+    def schedule(self, net: NetSpec, cluster: ClusterSpec, config: Any, batch: int) -> StepGraph:
+        raise NotImplementedError
+
+    def global_batch(self, config: Any, batch: int) -> int:
+        raise NotImplementedError
+
+    def roles(self, config: Any) -> dict[str, int]:
+        """Role name → number of nodes in that role."""
+        raise NotImplementedError
+
+    # ---- shared behaviour ---------------------------------------------------------------------
+    def applies(self, net: NetSpec) -> str | None:
+        """None when the strategy applies to ``net``, else the reason it does not."""
+        if self.needs_fc_phase and net.boundary is None:
+            return f"{self.name} needs an FC phase after the conv layers, and {net.name} has none"
+        return None
+
+    def require_applies(self, net: NetSpec) -> None:
+        why = self.applies(net)
+        if why:
+            raise ConfigError(why)
+
+    def config_from_dict(self, data: dict[str, Any]) -> Any:
+        names = {f.name for f in fields(self.Config)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"{self.name}: unknown config key(s) {', '.join(unknown)}; expected {', '.join(sorted(names))}")
+        try:
+            return self.Config(**data)
+        except TypeError as e:
+            raise ConfigError(f"{self.name}: {e}") from None
+
+    @staticmethod
+    def config_to_dict(config: Any) -> dict[str, Any]:
+        d = asdict(config)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def require_nodes(name: str, needed: int, cluster: ClusterSpec, what: str) -> None:
+    if needed > cluster.nodes:
+        raise ConfigError(f"{name}: {what} need {needed} nodes, the cluster has {cluster.nodes}")
+
+
+def require_positive(name: str, **values: int) -> None:
+    for k, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"{name}: {k.replace('_', '-')} must be at least 1, got {v!r}")
+
+
+def fwd_s(net: NetSpec, layers: Sequence[LayerSpec], cluster: ClusterSpec, batch: int) -> float:
+    """Forward time of ``layers`` for ``batch`` samples on one device (PALEO §3.1.1)."""
+    return compute.phase_time_s(net, layers, cluster.device, batch, "fwd")
+
+
+def bwd_s(net: NetSpec, layers: Sequence[LayerSpec], cluster: ClusterSpec, batch: int) -> float:
+    """Backward time (input-grad + weight-grad) of ``layers`` for ``batch`` samples (PALEO §3.1.1)."""
+    return compute.phase_time_s(net, layers, cluster.device, batch, "bwd")
+
+
+def update_s(param_bytes: float, cluster: ClusterSpec, gradients_summed: int = 1) -> float:
+    """SGD-with-momentum update: read the summed gradients, parameters and momentum, write
+    parameters and momentum — memory bound (PALEO §3.1.1 R + W terms)."""
+    return (gradients_summed + 4) * param_bytes / cluster.device.mem_bandwidth_bytes_per_s
+
+
+def param_bytes(layers: Sequence[LayerSpec]) -> int:
+    return sum(layer.param_bytes for layer in layers)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """One strategy × config the planner ranks."""
+
+    strategy: str
+    config: Any
+    why: str = ""

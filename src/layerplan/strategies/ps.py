@@ -1,0 +1,70 @@
+"""`ps`: data parallelism through n_s sharded parameter servers, BSP (Stanza §7.1, Yan §4.2).
+
+Each step every worker computes the gradient of its batch, pushes the slice of it that each
+server owns (P/n_s bytes to each of the n_s servers), each server sums n_w slices and updates its
+shard, and every worker pulls the updated shards back. Servers are separate nodes. Under the
+paper's assumptions this is Stanza eq.6: t_ps = 2·n_w·P/(n_s·B) + T_ps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerplan.cost.engine import Compute, StepGraph, Transfer
+from layerplan.errors import ConfigError
+from layerplan.hardware import ClusterSpec
+from layerplan.netspec.spec import NetSpec
+from layerplan.strategies.base import Strategy, bwd_s, fwd_s, require_nodes, require_positive, update_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PSConfig:
+    workers: int
+    """n_w: nodes computing gradients."""
+    servers: int = 1
+    """n_s: nodes each owning 1/n_s of the parameters."""
+
+
+class PS(Strategy):
+    name = "ps"
+    Config = PSConfig
+    summary = "parameter servers: every worker pushes all gradients and pulls all parameters (n_s shards)"
+
+    def check(self, net: NetSpec, cluster: ClusterSpec, config: PSConfig) -> None:
+        require_positive(self.name, workers=config.workers, servers=config.servers)
+        require_nodes(self.name, config.workers + config.servers, cluster, f"{config.workers} workers + {config.servers} servers")
+
+    def roles(self, config: PSConfig) -> dict[str, int]:
+        return {"worker": config.workers, "server": config.servers}
+
+    def global_batch(self, config: PSConfig, batch: int) -> int:
+        return config.workers * batch
+
+    def default(self, net, cluster, batch, *, workers=None, servers=None, **_):
+        servers = servers or 1
+        if workers is None:
+            workers = cluster.nodes - servers
+            if workers < 1:
+                raise ConfigError(f"ps: a cluster of {cluster.nodes} node(s) has no room for workers beside {servers} server(s)")
+        return PSConfig(workers=workers, servers=servers)
+
+    def space(self, net, cluster, batch):
+        out = []
+        s = 1
+        while s < cluster.nodes:
+            out.append(PSConfig(workers=cluster.nodes - s, servers=s))
+            s = s + 1 if s < 8 else s * 2
+        return out
+
+    def schedule(self, net: NetSpec, cluster: ClusterSpec, config: PSConfig, batch: int) -> StepGraph:
+        self.check(net, cluster, config)
+        n_w, n_s = config.workers, config.servers
+        shard = net.param_bytes / n_s
+        t_compute = fwd_s(net, net.layers, cluster, batch) + bwd_s(net, net.layers, cluster, batch)
+        tasks = [
+            Compute(name="fwd_bwd", group="worker", seconds=t_compute),
+            Transfer(name="push", src="worker", dst="server", bytes_per_flow=shard, pattern="all_to_all", deps=("fwd_bwd",)),
+            Compute(name="update", group="server", seconds=update_s(shard, cluster, gradients_summed=n_w), deps=("push",)),
+            Transfer(name="pull", src="server", dst="worker", bytes_per_flow=shard, pattern="all_to_all", deps=("update",)),
+        ]
+        return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=n_w * batch)

@@ -1,0 +1,107 @@
+"""`ralp`: resource-aware layer placement (RALP). Workers run the head up to the split layer; the
+parameter server's machine (the "PS worker") runs the tail, one worker's activations at a time, and
+aggregates the head's parameters. Only the head's parameters cross the network as model
+aggregation; the split layer's activations go to the PS worker and their gradients come back.
+
+Settings: RALP-N uses N−1 workers + the PS worker; RALP-H uses N/2 workers + the PS worker.
+The default split is the RALP profiler's (plan/ralp.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerplan.cost.engine import Compute, StepGraph, Transfer
+from layerplan.errors import ConfigError
+from layerplan.hardware import ClusterSpec
+from layerplan.netspec.spec import NetSpec
+from layerplan.plan import ralp as profiler
+from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RalpConfig:
+    workers: int
+    """Nodes running the head; the PS worker is one more node."""
+    split: str
+    """Last layer of the head."""
+    setting: str = "N"
+    """'N' (N−1 workers) or 'H' (N/2 workers): how the workers were chosen, for reports."""
+
+
+def workers_for(setting: str, nodes: int) -> int:
+    if setting == "N":
+        return nodes - 1  # RALP-N
+    if setting == "H":
+        return max(1, nodes // 2)  # RALP-H
+    raise ConfigError(f"ralp: setting must be 'N' or 'H', got {setting!r}")
+
+
+class Ralp(Strategy):
+    name = "ralp"
+    Config = RalpConfig
+    summary = "head on the workers, FC tail on the parameter server's machine (RALP-N / RALP-H)"
+    needs_fc_phase = True
+
+    def check(self, net, cluster, config: RalpConfig) -> None:
+        self.require_applies(net)
+        require_positive(self.name, workers=config.workers)
+        require_nodes(self.name, config.workers + 1, cluster, f"{config.workers} workers + the PS worker")
+        if config.setting not in ("N", "H"):
+            raise ConfigError(f"ralp: setting must be 'N' or 'H', got {config.setting!r}")
+        i = net.index(config.split)
+        if i == len(net.layers) - 1:
+            raise ConfigError(f"ralp: split after {config.split!r} leaves the PS worker nothing to run")
+        if profiler.between_convs(net, i):
+            raise ConfigError(f"ralp: split after {config.split!r} falls between two conv layers (RALP never splits there)")
+        if not net.cut_is_single(i):
+            raise ConfigError(f"ralp: split after {config.split!r} is inside a block: other layers' outputs cross it too")
+        if not any(layer.kind == "conv" for layer in net.layers[: i + 1]):
+            raise ConfigError(f"ralp: split after {config.split!r} leaves the workers no conv layer to run")
+
+    def roles(self, config):
+        return {"worker": config.workers, "ps": 1}
+
+    def global_batch(self, config, batch):
+        return config.workers * batch
+
+    def default(self, net, cluster, batch, *, workers=None, split=None, setting=None, **_):
+        self.require_applies(net)
+        setting = setting or "N"
+        if split is None:
+            split = profiler.profile(net, batch).split_after
+            if split is None:
+                raise ConfigError(f"ralp: the RALP profiler finds no split for {net.name}")
+        return RalpConfig(workers=workers or workers_for(setting, cluster.nodes), split=split, setting=setting)
+
+    def space(self, net, cluster, batch):
+        if self.applies(net) or cluster.nodes < 2:
+            return []
+        split = profiler.profile(net, batch).split_after
+        if split is None:
+            return []
+        out = [RalpConfig(workers=workers_for("N", cluster.nodes), split=split, setting="N")]
+        if cluster.nodes >= 4:
+            out.append(RalpConfig(workers=workers_for("H", cluster.nodes), split=split, setting="H"))
+        return out
+
+    def schedule(self, net: NetSpec, cluster: ClusterSpec, config: RalpConfig, batch: int) -> StepGraph:
+        self.check(net, cluster, config)
+        n_w = config.workers
+        head, tail = net.head(config.split), net.tail(config.split)
+        act = net.layer(config.split).out_bytes * batch
+        p_head, p_tail = param_bytes(head), param_bytes(tail)
+        # RALP: the PS worker processes one worker's activations at a time (not interleaved).
+        t_tail = n_w * (fwd_s(net, tail, cluster, batch) + bwd_s(net, tail, cluster, batch))
+        tasks = [
+            Compute(name="head_fwd", group="worker", seconds=fwd_s(net, head, cluster, batch)),
+            Transfer(name="activations", src="worker", dst="ps", bytes_per_flow=act, pattern="spread", deps=("head_fwd",)),
+            Compute(name="tail_fwd_bwd", group="ps", seconds=t_tail, deps=("activations",)),
+            Transfer(name="act_grads", src="ps", dst="worker", bytes_per_flow=act, pattern="broadcast", deps=("tail_fwd_bwd",)),
+            Compute(name="head_bwd", group="worker", seconds=bwd_s(net, head, cluster, batch), deps=("act_grads",)),
+            Transfer(name="push_head", src="worker", dst="ps", bytes_per_flow=p_head, pattern="spread", deps=("head_bwd",)),
+            Compute(name="update", group="ps", seconds=update_s(p_head, cluster, gradients_summed=n_w) + update_s(p_tail, cluster),
+                    deps=("push_head",)),
+            Transfer(name="pull_head", src="ps", dst="worker", bytes_per_flow=p_head, pattern="broadcast", deps=("update",)),
+        ]
+        return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=n_w * batch)

@@ -1,0 +1,92 @@
+"""`stanza`: layer separation (Stanza §4). n_c CONV workers run the conv phase data-parallel; n_f
+FC workers hold the FC phase. Per iteration: CONV workers send their boundary activations (A·K
+values) to their FC worker; the FC worker runs the FC phase for its n_c/n_f CONV workers' samples,
+returns each its activation gradient and updates the FC parameters (all-reduced among FC workers
+when n_f > 1, overlapped with the CONV side); CONV workers backpropagate and all-reduce the conv
+gradients among themselves by recursive doubling. Under the paper's assumptions (no overlap,
+no latency) the step is Stanza eq.3:
+t_s = T_c + (n_c/n_f)·T_f + 2·n_c·A·K/(n_f·B) + P_c·R(n_c)/B.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from layerplan.cost.engine import Collective, Compute, StepGraph, Transfer
+from layerplan.errors import ConfigError
+from layerplan.hardware import ClusterSpec
+from layerplan.netspec.spec import NetSpec
+from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StanzaConfig:
+    conv_workers: int
+    """n_c: nodes running the conv phase, data parallel."""
+    fc_workers: int = 1
+    """n_f: nodes running the FC phase; CONV workers are split evenly among them."""
+
+
+class Stanza(Strategy):
+    name = "stanza"
+    Config = StanzaConfig
+    summary = "conv layers on n_c data-parallel CONV workers, FC layers on n_f FC workers (activations cross)"
+    needs_fc_phase = True
+
+    def check(self, net, cluster, config: StanzaConfig) -> None:
+        self.require_applies(net)
+        require_positive(self.name, conv_workers=config.conv_workers, fc_workers=config.fc_workers)
+        require_nodes(self.name, config.conv_workers + config.fc_workers, cluster,
+                      f"{config.conv_workers} CONV workers + {config.fc_workers} FC workers")
+        if config.fc_workers > config.conv_workers:
+            raise ConfigError(f"stanza: {config.fc_workers} FC workers for {config.conv_workers} CONV workers leaves an FC worker idle")
+
+    def roles(self, config):
+        return {"conv": config.conv_workers, "fc": config.fc_workers}
+
+    def global_batch(self, config, batch):
+        return config.conv_workers * batch
+
+    def default(self, net, cluster, batch, *, conv_workers=None, fc_workers=None, workers=None, **_):
+        self.require_applies(net)
+        n_c = conv_workers or workers
+        if n_c is None and fc_workers is None:
+            from layerplan.plan.assign import best_stanza
+
+            return best_stanza(net, cluster, batch)
+        n_f = fc_workers or 1
+        if n_c is None:
+            n_c = cluster.nodes - n_f
+        return StanzaConfig(conv_workers=n_c, fc_workers=n_f)
+
+    def space(self, net, cluster, batch):
+        if self.applies(net) or cluster.nodes < 2:
+            return []
+        return [StanzaConfig(conv_workers=cluster.nodes - f, fc_workers=f) for f in range(1, cluster.nodes // 2 + 1)]
+
+    def schedule(self, net: NetSpec, cluster: ClusterSpec, config: StanzaConfig, batch: int) -> StepGraph:
+        self.check(net, cluster, config)
+        n_c, n_f = config.conv_workers, config.fc_workers
+        fc_batch = math.ceil(n_c / n_f) * batch  # Stanza eq.2: the FC worker serves n_c/n_f CONV workers
+        act = net.boundary_bytes * batch  # A·K values per CONV worker
+        p_c, p_f = param_bytes(net.conv_layers), param_bytes(net.fc_layers)
+        tasks = [
+            Compute(name="conv_fwd", group="conv", seconds=fwd_s(net, net.conv_layers, cluster, batch)),
+            Transfer(name="activations", src="conv", dst="fc", bytes_per_flow=act, pattern="spread", deps=("conv_fwd",)),
+            Compute(name="fc_fwd_bwd", group="fc", deps=("activations",),
+                    seconds=fwd_s(net, net.fc_layers, cluster, fc_batch) + bwd_s(net, net.fc_layers, cluster, fc_batch)),
+            Transfer(name="act_grads", src="fc", dst="conv", bytes_per_flow=act, pattern="broadcast", deps=("fc_fwd_bwd",)),
+            Compute(name="conv_bwd", group="conv", seconds=bwd_s(net, net.conv_layers, cluster, batch), deps=("act_grads",)),
+        ]
+        conv_done = "conv_bwd"
+        if n_c > 1:
+            tasks.append(Collective(name="conv_allreduce", group="conv", scheme="recursive_doubling", bytes=p_c, deps=("conv_bwd",)))
+            conv_done = "conv_allreduce"
+        tasks.append(Compute(name="conv_update", group="conv", seconds=update_s(p_c, cluster), deps=(conv_done,)))
+        fc_done = "fc_fwd_bwd"
+        if n_f > 1:
+            tasks.append(Collective(name="fc_allreduce", group="fc", scheme="recursive_doubling", bytes=p_f, deps=("act_grads",)))
+            fc_done = "fc_allreduce"
+        tasks.append(Compute(name="fc_update", group="fc", seconds=update_s(p_f, cluster), deps=(fc_done,)))
+        return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=n_c * batch)

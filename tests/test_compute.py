@@ -1,0 +1,169 @@
+"""PALEO layer times (§3.1.1 eq.1, §3.1.3) and the memory check."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import layer, make_net
+from layerplan.cost import compute
+from layerplan.cost.compute import ConvGeometry
+from layerplan.errors import ConfigError
+from layerplan.hardware import DeviceSpec, device
+
+DEV = DeviceSpec(name="dev", peak_flops_per_s=2e12, mem_bandwidth_bytes_per_s=100e9, memory_bytes=4 * 2**30,
+                 compute_efficiency=0.5)
+SPEED = 1e12  # achieved FLOP/s
+MEM = 100e9
+
+
+def small_net():
+    # input 3×8×8 fp32 = 768 B per sample; a conv, a relu, an fc.
+    return make_net([
+        layer("c1", "conv", (), params=448, out=(16, 8, 8), fwd=1_000_000, bwd=1_500_000),
+        layer("r1", "act", ("c1",), out=(16, 8, 8), fwd=1024),
+        layer("f1", "fc", ("r1",), params=10_250, out=(10,), fwd=20_480),
+    ], boundary="r1")
+
+
+def test_forward_is_r_plus_c_plus_w():
+    net = small_net()
+    c1 = net.layer("c1")
+    batch = 32
+    in_b = 3 * 8 * 8 * 4
+    # PALEO §3.1.1 eq.1: read inputs (+ weights), compute, write outputs.
+    want = (in_b * batch + c1.param_bytes) / MEM + c1.fwd_flops * batch / SPEED + c1.out_bytes * batch / MEM
+    got = compute.layer_time_s(c1, DEV, batch, direction="fwd", in_bytes=in_b)
+    assert got == pytest.approx(want)
+
+
+def test_backward_accounting():
+    net = small_net()
+    f1, r1 = net.layer("f1"), net.layer("r1")
+    batch = 8
+    in_b = r1.out_bytes
+    # reads output-grad + saved input + weights; writes input-grad + weight-grad
+    read = (f1.out_bytes + in_b) * batch + f1.param_bytes
+    write = in_b * batch + f1.param_bytes
+    want = read / MEM + f1.bwd_flops * batch / SPEED + write / MEM
+    assert compute.layer_time_s(f1, DEV, batch, direction="bwd", in_bytes=in_b) == pytest.approx(want)
+    # a layer that reads the network input writes no input-gradient
+    c1 = net.layer("c1")
+    in0 = 768
+    want0 = ((c1.out_bytes + in0) * batch + c1.param_bytes) / MEM + c1.bwd_flops * batch / SPEED + c1.param_bytes / MEM
+    assert compute.layer_time_s(c1, DEV, batch, direction="bwd", in_bytes=in0) == pytest.approx(want0)
+
+
+def test_phase_is_the_sum_of_layer_times_and_reads_parents():
+    net = small_net()
+    batch = 4
+    want = 0.0
+    for lay, in_b in zip(net.layers, (768, net.layer("c1").out_bytes, net.layer("r1").out_bytes)):
+        want += compute.layer_time_s(lay, DEV, batch, direction="fwd", in_bytes=in_b)
+    assert compute.phase_time_s(net, net.layers, DEV, batch, "fwd") == pytest.approx(want)
+    both = compute.fwd_bwd_time_s(net, net.conv_layers, DEV, batch)
+    assert both == pytest.approx(compute.phase_time_s(net, net.conv_layers, DEV, batch, "fwd")
+                                 + compute.phase_time_s(net, net.conv_layers, DEV, batch, "bwd"))
+
+
+def test_dag_branches_run_sequentially():
+    # PALEO: a single device runs parallel branches one after the other: a merge reads both parents.
+    net = make_net([
+        layer("a", "conv", (), params=10, out=(4, 4, 4), fwd=1000),
+        layer("b1", "conv", ("a",), params=10, out=(4, 4, 4), fwd=2000),
+        layer("b2", "conv", ("a",), params=10, out=(4, 4, 4), fwd=3000),
+        layer("m", "merge", ("b1", "b2"), out=(4, 4, 4), fwd=64),
+    ], boundary=None, input_shape=(4, 4, 4))
+    total = compute.phase_time_s(net, net.layers, DEV, 2, "fwd")
+    parts = sum(compute.phase_time_s(net, [lay], DEV, 2, "fwd") for lay in net.layers)
+    assert total == pytest.approx(parts)
+    assert compute.input_bytes(net, net.layer("m")) == 2 * 4 * 4 * 4 * 4
+
+
+def test_paleo_gemm_flops_and_fft_option():
+    g = ConvGeometry(filters=64, channels=3, kernel_h=11, kernel_w=11, out_h=55, out_w=55)
+    # PALEO §3.1.3: 2·K·C·R·S·N·P·Q
+    assert g.gemm_flops(1) == 2 * 64 * 3 * 11 * 11 * 55 * 55
+    n = (55 + 10) * (55 + 10)
+    assert g.transform_size == n
+    want = 5 * n * math.log2(n) * (32 * 3 + 64 * 3 + 32 * 64) + 8 * 32 * 64 * 3 * n  # 5 n log2 n per transform
+    assert g.fft_flops(32) == pytest.approx(want)
+
+
+def test_conv_algorithm_choice():
+    big = ConvGeometry(filters=256, channels=256, kernel_h=11, kernel_w=11, out_h=27, out_w=27)
+    conv = layer("c", "conv", (), params=256 * 256 * 121, out=(256, 27, 27), fwd=int(big.gemm_flops(1)))
+    kw = {"direction": "fwd", "in_bytes": 256 * 27 * 27 * 4}
+    gemm = compute.layer_time_s(conv, DEV, 32, **kw)
+    fft = compute.layer_time_s(conv, DEV, 32, conv_algorithm="fft", geometry=big, **kw)
+    auto = compute.layer_time_s(conv, DEV, 32, conv_algorithm="auto", geometry=big, **kw)
+    assert fft < gemm  # large kernels: FFT wins
+    assert auto == pytest.approx(min(fft, gemm))
+    one = ConvGeometry(filters=64, channels=64, kernel_h=1, kernel_w=1, out_h=56, out_w=56)
+    pw = layer("p", "conv", (), params=64 * 64, out=(64, 56, 56), fwd=int(one.gemm_flops(1)))
+    kw1 = {"direction": "fwd", "in_bytes": 64 * 56 * 56 * 4}
+    assert compute.layer_time_s(pw, DEV, 32, conv_algorithm="auto", geometry=one, **kw1) == pytest.approx(
+        compute.layer_time_s(pw, DEV, 32, **kw1))  # 1×1 kernels: GEMM wins
+    # the FFT path needs the geometry for conv layers, and ignores other kinds
+    with pytest.raises(ConfigError, match="ConvGeometry"):
+        compute.layer_time_s(conv, DEV, 32, conv_algorithm="fft", **kw)
+    fc = layer("f", "fc", (), params=100, out=(10,), fwd=2000)
+    assert compute.layer_time_s(fc, DEV, 1, direction="fwd", conv_algorithm="fft") == compute.layer_time_s(fc, DEV, 1, direction="fwd")
+    # and phase_time_s passes geometries by layer name
+    net = make_net([conv], boundary=None, input_shape=(256, 27, 27))
+    assert compute.phase_time_s(net, net.layers, DEV, 32, "fwd", conv_algorithm="fft", geometries={"c": big}) == pytest.approx(fft)
+
+
+def test_bad_arguments():
+    net = small_net()
+    with pytest.raises(ConfigError, match="direction"):
+        compute.phase_time_s(net, net.layers, DEV, 1, "sideways")
+    with pytest.raises(ConfigError, match="conv_algorithm"):
+        compute.layer_time_s(net.layers[0], DEV, 1, direction="fwd", conv_algorithm="winograd")
+    with pytest.raises(ConfigError, match="batch"):
+        compute.layer_time_s(net.layers[0], DEV, -1, direction="fwd")
+    with pytest.raises(ConfigError, match="geometry"):
+        ConvGeometry(filters=0, channels=1, kernel_h=1, kernel_w=1, out_h=1, out_w=1)
+
+
+def test_time_scales_with_batch_and_efficiency(alexnetish):
+    titan = device("titan-x")
+    t32 = compute.fwd_bwd_time_s(alexnetish, alexnetish.layers, titan, 32)
+    t64 = compute.fwd_bwd_time_s(alexnetish, alexnetish.layers, titan, 64)
+    assert t32 < t64 < 2 * t32  # weight traffic is per step, not per sample
+    flops = (alexnetish.fwd_flops + alexnetish.bwd_flops) * 32
+    assert t32 > flops / titan.achieved_flops_per_s
+    assert compute.phase_time_s(alexnetish, alexnetish.layers, titan, 0, "fwd") > 0  # weights still read
+
+
+def test_peak_memory():
+    net = small_net()
+    batch = 16
+    params = sum(lay.param_bytes for lay in net.layers)
+    acts = sum(lay.out_bytes for lay in net.layers) + 768  # + the network input
+    assert compute.peak_memory_bytes(net, net.layers, batch) == params * 3 + acts * batch
+    assert compute.peak_memory_bytes(net, net.layers, batch, optimizer_slots=2, comm_buffer_bytes=1000) == \
+        params * 4 + acts * batch + 1000
+    # the FC part alone keeps the activations it receives from the conv part
+    fc = net.fc_layers
+    want = net.layer("f1").param_bytes * 3 + (net.layer("f1").out_bytes + net.layer("r1").out_bytes) * batch
+    assert compute.peak_memory_bytes(net, fc, batch) == want
+
+
+def test_check_fits_message():
+    titan = device("titan-x")
+    compute.check_fits(11 * 2**30, titan, "the FC worker")
+    with pytest.raises(ConfigError) as e:
+        compute.check_fits(14.2 * 2**30, titan, "the FC worker")
+    assert str(e.value) == "the FC worker needs 14.2 GiB on a 12 GiB titan-x"
+
+
+def test_no_torch_under_cost():
+    import pathlib
+
+    import layerplan.cost as cost
+
+    for path in pathlib.Path(cost.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert "import torch" not in text and "from torch" not in text, path

@@ -1,0 +1,62 @@
+"""The emulated cluster: shaped links, and nothing left behind (needs root for network namespaces)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from layerplan.runtime import emulate
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+                                reason="network namespaces need root and iproute2 (run as root, or inside "
+                                       "`unshare -Urnm --propagation private`)")
+
+
+def test_burst_rule():
+    assert emulate.burst_bytes(100e6 / 8) == 64_000  # max(64 KB, rate × 1 ms)
+    assert emulate.burst_bytes(10e9 / 8) == 1_250_000
+
+
+def test_cluster_spec_describes_the_emulation():
+    emu = emulate.Emulated(name="x", hosts=4, rate_bytes_per_s=1e9 / 8, subnet=3)
+    c = emu.cluster_spec(shared_cores=2)
+    assert c.nodes == 4 and c.shared_cores == 2 and c.nic.bandwidth_bytes_per_s == 1e9 / 8
+    assert emu.address(0) == "10.77.3.1"
+
+
+@needs_root
+def test_up_shapes_and_down_removes_everything():
+    emu = emulate.up(2, "100Mbit", "t-shape")
+    try:
+        assert emulate.find("t-shape").hosts == 2
+        rate = emulate.measure_rate(emu, nbytes=3_000_000)
+        assert 0.85 < rate / emu.rate_bytes_per_s < 1.0  # payload below the line rate, but close
+    finally:
+        assert emulate.down("t-shape") == 3
+    assert not [n for n in emulate.namespaces() if "t-shape" in n]
+    assert emulate.down("t-shape") == 0  # idempotent
+
+
+@needs_root
+def test_interrupted_run_leaves_no_namespace_or_process(tmp_path):
+    script = tmp_path / "hold.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "from layerplan.runtime import emulate\n"
+        "with emulate.running(2, '1Gbit', 't-intr') as emu:\n"
+        "    procs = [subprocess.Popen([*emu.exec_prefix(i), 'sleep', '300']) for i in range(2)]\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    assert len(emulate.pids("t-intr")) == 2
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=30)
+    time.sleep(0.2)
+    assert not [n for n in emulate.namespaces() if "t-intr" in n]
+    assert emulate.pids("t-intr") == []

@@ -1,0 +1,439 @@
+"""The cost engine against the papers' closed forms, under their assumptions (no latency, payload
+efficiency 1, no compute unless stated), and its own mechanics (sharing, overlap, queues, unrolling)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from layerplan.cost.collectives import ALLREDUCE, recursive_doubling_rounds
+from layerplan.cost.engine import Collective, Compute, Delay, StepGraph, Transfer, iteration_name, simulate
+from layerplan.errors import ConfigError
+from layerplan.hardware import ClusterSpec, DeviceSpec, LinkSpec
+
+GBIT10 = 10e9 / 8  # 1.25 GB/s
+
+
+def cluster(bandwidth=GBIT10, latency=0.0, nodes=1024, shared_cores=None, efficiency=1.0, switch=None):
+    dev = DeviceSpec(name="dev", peak_flops_per_s=1e12, mem_bandwidth_bytes_per_s=1e11, memory_bytes=1e10)
+    nic = LinkSpec(name="nic", bandwidth_bytes_per_s=bandwidth, latency_s=latency, efficiency=efficiency)
+    return ClusterSpec(name="test", nodes=nodes, device=dev, nic=nic, shared_cores=shared_cores,
+                       switch_bandwidth_bytes_per_s=switch)
+
+
+def ps_graph(n_w, n_s, params_bytes, t_compute=0.0, t_update=0.0):
+    """BSP parameter servers: compute, push shards, update, pull shards."""
+    shard = params_bytes / n_s
+    return StepGraph(groups={"worker": n_w, "server": n_s}, samples_per_step=n_w, tasks=(
+        Compute(name="fwd_bwd", group="worker", seconds=t_compute),
+        Transfer(name="push", src="worker", dst="server", bytes_per_flow=shard, pattern="all_to_all", deps=("fwd_bwd",)),
+        Compute(name="update", group="server", seconds=t_update, deps=("push",)),
+        Transfer(name="pull", src="server", dst="worker", bytes_per_flow=shard, pattern="all_to_all", deps=("update",)),
+    ))
+
+
+# ---- Stanza ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("params,per_worker_mb,seconds", [(61.1e6, 488.8, 1.56), (138e6, 1104, 3.53)])
+def test_stanza_table1(params, per_worker_mb, seconds):
+    # Stanza Table 1 (4 workers + 1 server, 10 Gbit/s, fp32 grads + params). The paper's count: each
+    # worker pushes P·4 B of gradients and pulls P·4 B of parameters (488.8 MB for AlexNet); all
+    # four workers' traffic goes through the one server NIC — 4 × 244.4 MB in, then 4 × 244.4 MB
+    # out (the pull waits for the update) — so 4 × 488.8 MB / 1.25 GB/s = 1.564 s.
+    p = ps_graph(4, 1, params * 4)
+    pred = simulate(p, cluster())
+    per_worker = pred.bytes_sent_per_node["worker"] + pred.bytes_received_per_node["worker"]
+    assert per_worker == pytest.approx(per_worker_mb * 1e6)
+    assert pred.step_time_s == pytest.approx(4 * per_worker_mb * 1e6 / GBIT10)
+    assert round(pred.step_time_s, 2) == seconds
+    assert pred.bytes_received_per_node["server"] == pytest.approx(4 * params * 4)
+    assert pred.bottleneck.startswith("server NIC (100% busy")
+
+
+@pytest.mark.parametrize("n_w,n_s", [(4, 1), (8, 2), (16, 4), (7, 2), (12, 3), (64, 8), (1024, 64)])
+def test_stanza_eq6(n_w, n_s):
+    # Stanza eq.6: t_ps = 2·n_w·P/(n_s·B) + T_ps.
+    p, t_ps = 200e6, 0.25
+    pred = simulate(ps_graph(n_w, n_s, p, t_compute=t_ps), cluster())
+    assert pred.step_time_s == pytest.approx(2 * n_w * p / (n_s * GBIT10) + t_ps)
+    assert pred.total_bytes == pytest.approx(2 * n_w * p)
+
+
+def test_ps_with_more_servers_than_workers_is_worker_bound():
+    # eq.6 assumes n_w ≥ n_s; otherwise the workers' NICs bind: 2·P/B + T_ps.
+    p = 200e6
+    pred = simulate(ps_graph(2, 8, p, t_compute=0.1), cluster())
+    assert pred.step_time_s == pytest.approx(2 * p / GBIT10 + 0.1)
+    assert "worker NIC" in pred.bottleneck
+
+
+def stanza_graph(n_c, n_f, t_c, t_f, a_k, p_c):
+    """Stanza's schedule with the paper's no-overlap sequencing: conv forward, activations to the
+    FC worker, FC forward+backward for its n_c/n_f CONV workers, gradients back, conv backward,
+    recursive-doubling all-reduce of the conv gradients."""
+    return StepGraph(groups={"conv": n_c, "fc": n_f}, samples_per_step=n_c, tasks=(
+        Compute(name="conv_fwd", group="conv", seconds=t_c / 2),
+        Transfer(name="activations", src="conv", dst="fc", bytes_per_flow=a_k, pattern="spread", deps=("conv_fwd",)),
+        Compute(name="fc", group="fc", seconds=n_c / n_f * t_f, deps=("activations",)),
+        Transfer(name="act_grads", src="fc", dst="conv", bytes_per_flow=a_k, pattern="broadcast", deps=("fc",)),
+        Compute(name="conv_bwd", group="conv", seconds=t_c / 2, deps=("act_grads",)),
+        Collective(name="conv_allreduce", group="conv", scheme="recursive_doubling", bytes=p_c, deps=("conv_bwd",)),
+    ))
+
+
+@pytest.mark.parametrize("n_c,n_f", [(n, 1) for n in range(2, 11)] + [(4, 2), (6, 2), (9, 3), (8, 4), (10, 5)])
+def test_stanza_eq3(n_c, n_f):
+    # Stanza eq.3: t_s = T_c + (n_c/n_f)·T_f + 2·n_c·A·K/(n_f·B) + P_c·R(n_c)/B.
+    t_c, t_f, a_k, p_c = 0.4, 0.03, 9216 * 4 * 128, 2.47e6 * 4
+    b = GBIT10
+    want = t_c + n_c / n_f * t_f + 2 * n_c * a_k / (n_f * b) + p_c * recursive_doubling_rounds(n_c) / b
+    pred = simulate(stanza_graph(n_c, n_f, t_c, t_f, a_k, p_c), cluster(bandwidth=b))
+    assert pred.step_time_s == pytest.approx(want)
+    # bytes: each CONV worker sends A·K up and its all-reduce share
+    assert pred.bytes_per_link["conv->fc"] == pytest.approx(n_c * a_k)
+    assert pred.bytes_per_link["fc->conv"] == pytest.approx(n_c * a_k)
+
+
+# ---- PALEO -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 4, 8, 16, 32])
+def test_paleo_schemes_in_the_engine(k):
+    s = 244e6
+    t = s / GBIT10  # PALEO §2: T = |D|/B
+    c = cluster()
+
+    def run(scheme, n):
+        g = StepGraph(groups={"w": n}, samples_per_step=n,
+                      tasks=(Collective(name="ar", group="w", scheme=scheme, bytes=s),))
+        return simulate(g, c).step_time_s
+
+    assert run("one_to_all", k + 1) == pytest.approx(2 * k * t)  # K workers + a master
+    assert run("tree", k) == pytest.approx(2 * math.log2(k) * t)
+    assert run("butterfly", k) == pytest.approx(math.log2(k) * t)
+    # the same OneToAll written as transfers: K workers into a master, then back
+    g = StepGraph(groups={"worker": k, "master": 1}, samples_per_step=k, tasks=(
+        Transfer(name="gather", src="worker", dst="master", bytes_per_flow=s, pattern="spread"),
+        Transfer(name="bcast", src="master", dst="worker", bytes_per_flow=s, pattern="broadcast", deps=("gather",)),
+    ))
+    assert simulate(g, c).step_time_s == pytest.approx(2 * k * t)
+
+
+@pytest.mark.parametrize("w", [2, 3, 4, 8, 16])
+def test_ring_allreduce_bytes(w):
+    # RALP: Horovod's ring moves 2·S·(W−1) per step.
+    s = 100e6
+    g = StepGraph(groups={"worker": w}, samples_per_step=w,
+                  tasks=(Collective(name="ar", group="worker", scheme="ring", bytes=s),))
+    pred = simulate(g, cluster())
+    assert pred.total_bytes == pytest.approx(2 * s * (w - 1))
+    assert pred.bytes_sent_per_node["worker"] == pytest.approx(2 * (w - 1) / w * s)
+    assert pred.payload_sent_per_node["worker"] == pytest.approx(s)  # the runtime's count
+    assert pred.step_time_s == pytest.approx(2 * (w - 1) / w * s / GBIT10)
+
+
+@pytest.mark.parametrize("scheme", list(ALLREDUCE))
+def test_collective_latency_term(scheme):
+    s, lat = 10e6, 1e-3
+    g = StepGraph(groups={"w": 8}, samples_per_step=8, tasks=(Collective(name="ar", group="w", scheme=scheme, bytes=s),))
+    cost = ALLREDUCE[scheme].cost(s, 8)
+    assert simulate(g, cluster(latency=lat)).step_time_s == pytest.approx(cost.time_s(GBIT10, lat))
+
+
+# ---- Omnivore ----------------------------------------------------------------------------------
+def he(g, t_conv, t_fc):
+    return max(t_fc, (t_conv + t_fc) / g)  # Omnivore §IV-B HE(g)
+
+
+def omnivore_graph(g, t_conv, t_fc, iterations=30):
+    """g asynchronous groups: each runs its conv phase, then the merged FC server serves the
+    group's batch, one batch at a time in arrival order; a group starts its next conv phase when
+    its FC results are back."""
+    tasks = []
+    for j in range(g):
+        tasks.append(Compute(name=f"conv{j}", group=f"group{j}", seconds=t_conv, deps=(f"prev/fc{j}",)))
+        tasks.append(Compute(name=f"fc{j}", group="fc", seconds=t_fc, deps=(f"conv{j}",), queue="fc_server"))
+    groups = {f"group{j}": 1 for j in range(g)} | {"fc": 1}
+    return StepGraph(groups=groups, tasks=tuple(tasks), samples_per_step=g, iterations=iterations)
+
+
+@pytest.mark.parametrize("g", [1, 2, 3, 4, 5, 8, 16])
+def test_omnivore_he(g):
+    # t_conv + t_fc = 1.3: the FC server saturates from g = 1.3/0.3 ≈ 4.33 on.
+    t_conv, t_fc = 1.0, 0.3
+    pred = simulate(omnivore_graph(g, t_conv, t_fc), cluster())
+    assert pred.step_time_s / g == pytest.approx(he(g, t_conv, t_fc), rel=1e-9)
+    saturated = t_conv + t_fc < g * t_fc  # Omnivore §IV-B: FC saturation
+    assert (pred.bottleneck == "fc compute (100% busy)") == saturated
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_omnivore_he_with_group_size(k):
+    # t_conv(k) = max(T_cc/k, T_nc·k): a group of k machines splits the conv compute and pays for
+    # the conv model going to each of them (Omnivore appendix D).
+    t_cc, t_nc, t_fc, n = 4.0, 0.05, 0.3, 16
+    t_conv = max(t_cc / k, t_nc * k)
+    g = n // k
+    pred = simulate(omnivore_graph(g, t_conv, t_fc, iterations=24), cluster())
+    assert pred.step_time_s / g == pytest.approx(he(g, t_conv, t_fc), rel=1e-9)
+
+
+def test_omnivore_builder_form():
+    # The same schedule written with a builder: each FC task names its group's previous FC task.
+    g, t_conv, t_fc = 3, 1.0, 0.5
+
+    def build(i):
+        out = []
+        for j in range(g):
+            deps = () if i == 0 else (iteration_name(i - 1, f"fc{j}"),)
+            out.append(Compute(name=iteration_name(i, f"conv{j}"), group=f"group{j}", seconds=t_conv, deps=deps))
+            out.append(Compute(name=iteration_name(i, f"fc{j}"), group="fc", seconds=t_fc,
+                               deps=(iteration_name(i, f"conv{j}"),), queue="fc_server"))
+        return out
+
+    graph = StepGraph(groups={f"group{j}": 1 for j in range(g)} | {"fc": 1}, samples_per_step=g, build=build, iterations=20)
+    pred = simulate(graph, cluster())
+    assert pred.step_time_s / g == pytest.approx(he(g, t_conv, t_fc))
+    # per step, the FC server computes g·t_fc
+    assert pred.breakdown["fc"]["compute_s"] == pytest.approx(g * t_fc)
+
+
+# ---- NICs, cores, overlap ----------------------------------------------------------------------
+def test_incast_shares_the_receiving_nic():
+    # 3 workers × 20 MB into one node at 1 Gbit/s: 60 MB / 125 MB/s = 0.48 s.
+    g = StepGraph(groups={"worker": 3, "sink": 1}, samples_per_step=3, tasks=(
+        Transfer(name="send", src="worker", dst="sink", bytes_per_flow=20e6, pattern="spread"),))
+    pred = simulate(g, cluster(bandwidth=1e9 / 8))
+    assert pred.step_time_s == pytest.approx(0.48)
+    assert pred.bottleneck == "sink NIC ingress (100% busy)"
+
+
+def test_full_duplex():
+    c = cluster(bandwidth=1e9 / 8)
+    one = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        Transfer(name="ab", src="a", dst="b", bytes_per_flow=20e6, pattern="spread"),))
+    both = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        Transfer(name="ab", src="a", dst="b", bytes_per_flow=20e6, pattern="spread"),
+        Transfer(name="ba", src="b", dst="a", bytes_per_flow=20e6, pattern="spread"),))
+    assert simulate(both, c).step_time_s == pytest.approx(simulate(one, c).step_time_s) == pytest.approx(0.16)
+    # two transfers the same way share the link
+    same = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        Transfer(name="x", src="a", dst="b", bytes_per_flow=20e6, pattern="spread"),
+        Transfer(name="y", src="a", dst="b", bytes_per_flow=20e6, pattern="spread"),))
+    assert simulate(same, c).step_time_s == pytest.approx(0.32)
+
+
+def test_max_min_fairness():
+    # a→sink (1 flow) and 3 workers→sink compete for the sink's ingress; a also sends to b.
+    # sink ingress: 4 flows → B/4 each; a's egress carries a→sink (B/4) and a→b gets the rest (3B/4).
+    b = 100e6
+    g = StepGraph(groups={"a": 1, "w": 3, "sink": 1, "b": 1}, samples_per_step=1, tasks=(
+        Transfer(name="a_sink", src="a", dst="sink", bytes_per_flow=25e6, pattern="spread"),
+        Transfer(name="w_sink", src="w", dst="sink", bytes_per_flow=25e6, pattern="spread"),
+        Transfer(name="a_b", src="a", dst="b", bytes_per_flow=75e6, pattern="spread"),
+    ))
+    pred = simulate(g, cluster(bandwidth=b))
+    ends = {e.name: e.end_s for e in pred.timeline}
+    assert ends["a_sink"] == pytest.approx(1.0) and ends["w_sink"] == pytest.approx(1.0)
+    assert ends["a_b"] == pytest.approx(1.0)
+
+
+def test_shared_cores():
+    # 4 compute tasks of 1 s on 4 nodes sharing 2 cores: 2 s (the emulated cluster's 2× slowdown).
+    g = StepGraph(groups={"w": 4}, samples_per_step=4, tasks=(Compute(name="c", group="w", seconds=1.0),))
+    pred = simulate(g, cluster(shared_cores=2))
+    assert pred.step_time_s == pytest.approx(2.0)
+    assert pred.bottleneck == "shared cores (100% busy)"
+    assert simulate(g, cluster()).step_time_s == pytest.approx(1.0)
+    # across roles too: 3 + 1 nodes on 2 cores
+    g2 = StepGraph(groups={"w": 3, "s": 1}, samples_per_step=3, tasks=(
+        Compute(name="c", group="w", seconds=1.0), Compute(name="d", group="s", seconds=1.0)))
+    assert simulate(g2, cluster(shared_cores=2)).step_time_s == pytest.approx(2.0)
+    # fewer tasks than cores run at full speed
+    g3 = StepGraph(groups={"w": 2}, samples_per_step=2, tasks=(Compute(name="c", group="w", seconds=1.0),))
+    assert simulate(g3, cluster(shared_cores=4)).step_time_s == pytest.approx(1.0)
+
+
+def test_processor_sharing_on_one_node():
+    # two compute tasks on the same node share its device: both end at 2 s
+    g = StepGraph(groups={"w": 2}, samples_per_step=2, tasks=(
+        Compute(name="a", group="w", seconds=1.0), Compute(name="b", group="w", seconds=1.0)))
+    pred = simulate(g, cluster())
+    assert [e.end_s for e in pred.timeline] == pytest.approx([2.0, 2.0])
+
+
+def test_compute_and_transfer_overlap():
+    # independent compute and transfer on the same node overlap: max, not sum
+    g = StepGraph(groups={"w": 1, "s": 1}, samples_per_step=1, tasks=(
+        Compute(name="c", group="w", seconds=1.0),
+        Transfer(name="t", src="w", dst="s", bytes_per_flow=GBIT10 * 0.8, pattern="spread")))
+    pred = simulate(g, cluster())
+    assert pred.step_time_s == pytest.approx(1.0)
+    assert pred.breakdown["w"] == pytest.approx({"compute_s": 1.0, "comm_s": 0.8})
+    # with a dependency they add up
+    g2 = StepGraph(groups={"w": 1, "s": 1}, samples_per_step=1, tasks=(
+        Compute(name="c", group="w", seconds=1.0),
+        Transfer(name="t", src="w", dst="s", bytes_per_flow=GBIT10 * 0.8, pattern="spread", deps=("c",))))
+    assert simulate(g2, cluster()).step_time_s == pytest.approx(1.8)
+
+
+# ---- Yan ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n_ps,n_mr,n_wr", [(1, 1, 1), (4, 1, 1), (4, 1, 2), (4, 1, 4), (4, 1, 8), (1, 3, 2), (4, 2, 2),
+                                           (8, 4, 2), (2, 5, 4), (16, 2, 8)])
+def test_yan_ps_read_bounds(n_ps, n_mr, n_wr):
+    # A replica reads all weights W(l) of every layer from the N_ps servers (each holds 1/N_ps of
+    # them); each of its N_wr workers reads its 1/N_wr share; the N_mr replicas read at once.
+    # Yan eq.11 (best: a replica uses min(N_ps, N_wr) links) ≤ engine ≤ eq.10 (worst: N_mr·W over
+    # one link); eq.11 is reached with a single replica, eq.10 with a single server.
+    weights = [3e6, 50e6, 12e6]  # bytes per layer
+    ncost = 1e-4
+    c = cluster(latency=ncost)
+    tasks, prev = [], ()
+    for i, w in enumerate(weights):
+        tasks.append(Transfer(name=f"read{i}", src="ps", dst="worker", bytes_per_flow=w / (n_ps * n_wr),
+                              pattern="all_to_all", deps=prev))
+        prev = (f"read{i}",)
+    g = StepGraph(groups={"ps": n_ps, "worker": n_mr * n_wr}, samples_per_step=1, tasks=tuple(tasks))
+    t = simulate(g, c).step_time_s
+    best = sum(ncost + w / (GBIT10 * min(n_ps, n_wr)) for w in weights)  # Yan eq.11
+    worst = sum(ncost + n_mr * w / GBIT10 for w in weights)  # Yan eq.10
+    assert best * (1 - 1e-9) <= t <= worst * (1 + 1e-9)
+    if n_mr == 1:
+        assert t == pytest.approx(best)
+    if n_ps == 1:
+        assert t == pytest.approx(worst)
+    # and the engine agrees with plan/yan.py's closed form between the bounds
+    from layerplan.plan import yan
+
+    costs = yan.YanCosts(c_muladd_s=0, c_act_s=0, c_err_s=0, c_ncost_s=ncost, c_bits=32, c_nbw_bits_per_s=8 * GBIT10)
+    layers = [yan.YanLayer(name=str(i), connections=0, neurons=0, weights=w / 4, dense=True) for i, w in enumerate(weights)]
+    assert t == pytest.approx(yan.ps_read_time_s(layers, n_ps, n_mr, n_wr, costs))
+
+
+# ---- mechanics ---------------------------------------------------------------------------------
+def test_latency_and_messages():
+    c = cluster(latency=1e-3)
+    g = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        Transfer(name="t", src="a", dst="b", bytes_per_flow=GBIT10 * 0.1, pattern="spread", messages=3),
+        Delay(name="d", seconds=0.5, deps=("t",), group="a")))
+    pred = simulate(g, c)
+    assert pred.step_time_s == pytest.approx(0.003 + 0.1 + 0.5)
+    assert [e.tag for e in pred.timeline if e.group == "a"] == ["comm", "delay"]
+
+
+def test_latency_bound_bottleneck():
+    g = StepGraph(groups={"w": 64}, samples_per_step=64, tasks=(Collective(name="ar", group="w", scheme="ring", bytes=1e3),))
+    pred = simulate(g, cluster(latency=1e-4))
+    assert pred.bottleneck.startswith("network latency")
+
+
+def test_patterns_and_uneven_spread():
+    c = cluster(bandwidth=100e6)
+    # 5 sources over 2 destinations: the busier destination receives 3 flows
+    g = StepGraph(groups={"c": 5, "f": 2}, samples_per_step=5, tasks=(
+        Transfer(name="t", src="c", dst="f", bytes_per_flow=100e6, pattern="spread"),))
+    pred = simulate(g, c)
+    assert pred.step_time_s == pytest.approx(3.0)
+    assert pred.total_bytes == pytest.approx(500e6)
+    assert pred.bytes_received_per_node["f"] == pytest.approx(250e6)
+    # within: a neighbour exchange
+    w = StepGraph(groups={"w": 4}, samples_per_step=4, tasks=(
+        Transfer(name="x", src="w", dst="w", bytes_per_flow=100e6, pattern="within"),))
+    assert simulate(w, c).step_time_s == pytest.approx(1.0)
+    # all_to_all inside one group: every node to every other node
+    a = StepGraph(groups={"w": 4}, samples_per_step=4, tasks=(
+        Transfer(name="x", src="w", dst="w", bytes_per_flow=100e6, pattern="all_to_all"),))
+    pa = simulate(a, c)
+    assert pa.step_time_s == pytest.approx(3.0) and pa.total_bytes == pytest.approx(12 * 100e6)
+    # one node alone: nothing moves
+    one = StepGraph(groups={"w": 1}, samples_per_step=1, tasks=(
+        Transfer(name="x", src="w", dst="w", bytes_per_flow=100e6, pattern="within"),
+        Collective(name="ar", group="w", scheme="ring", bytes=1e9)))
+    p1 = simulate(one, cluster(latency=1.0))
+    assert p1.step_time_s == 0.0 and p1.total_bytes == 0.0 and p1.bottleneck == "none"
+
+
+def test_switch_capacity():
+    # 8 disjoint pairs at 1 GB/s each through a 4 GB/s switch: 2× slower
+    g = StepGraph(groups={"a": 8, "b": 8}, samples_per_step=1, tasks=(
+        Transfer(name="t", src="a", dst="b", bytes_per_flow=1e9, pattern="spread"),))
+    assert simulate(g, cluster(bandwidth=1e9)).step_time_s == pytest.approx(1.0)
+    pred = simulate(g, cluster(bandwidth=1e9, switch=4e9))
+    assert pred.step_time_s == pytest.approx(2.0)
+    assert pred.bottleneck.startswith("switch")
+
+
+def test_nic_efficiency():
+    g = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        Transfer(name="t", src="a", dst="b", bytes_per_flow=1e9, pattern="spread"),))
+    assert simulate(g, cluster(bandwidth=1e9, efficiency=0.5)).step_time_s == pytest.approx(2.0)
+
+
+def test_queue_serves_in_arrival_order():
+    # RALP's PS worker: one worker's activations at a time, first come first served.
+    g = StepGraph(groups={"w0": 1, "w1": 1, "w2": 1, "ps": 1}, samples_per_step=3, tasks=(
+        Compute(name="h2", group="w2", seconds=0.1),
+        Compute(name="h0", group="w0", seconds=0.3),
+        Compute(name="h1", group="w1", seconds=0.2),
+        Compute(name="t0", group="ps", seconds=1.0, deps=("h0",), queue="ps"),
+        Compute(name="t1", group="ps", seconds=1.0, deps=("h1",), queue="ps"),
+        Compute(name="t2", group="ps", seconds=1.0, deps=("h2",), queue="ps"),
+    ))
+    pred = simulate(g, cluster())
+    starts = {e.name: e.start_s for e in pred.timeline}
+    assert starts["t2"] == pytest.approx(0.1) and starts["t1"] == pytest.approx(1.1) and starts["t0"] == pytest.approx(2.1)
+    assert pred.step_time_s == pytest.approx(3.1)
+
+
+def test_async_unrolling_static_form():
+    # an asynchronous PS worker: next compute waits only for its own previous pull
+    g = StepGraph(groups={"worker": 2, "server": 1}, samples_per_step=2, tasks=(
+        Compute(name="c", group="worker", seconds=1.0, deps=("prev/pull",)),
+        Transfer(name="push", src="worker", dst="server", bytes_per_flow=GBIT10 * 0.25, pattern="all_to_all", deps=("c",)),
+        Transfer(name="pull", src="server", dst="worker", bytes_per_flow=GBIT10 * 0.25, pattern="all_to_all", deps=("push",)),
+    ))
+    one = simulate(g, cluster())  # k = 1: "prev/" deps are dropped
+    assert one.step_time_s == pytest.approx(2.0) and one.iterations == 1
+    many = simulate(g, cluster(), iterations=10)
+    assert many.step_time_s == pytest.approx(2.0)
+    assert many.bytes_sent_per_node["worker"] == pytest.approx(GBIT10 * 0.25)
+    assert any(e.name == "it9/pull" for e in many.timeline)
+
+
+def test_prediction_to_dict_is_json():
+    pred = simulate(ps_graph(8, 2, 100e6, t_compute=0.1), cluster(latency=1e-5))
+    d = json.loads(json.dumps(pred.to_dict()))
+    assert d["step_time_s"] == pytest.approx(pred.step_time_s)
+    assert d["bytes_per_step"]["per_role"]["worker"] == pytest.approx(100e6)
+    assert d["bytes_per_step"]["per_role_all_nodes"]["worker"] == pytest.approx(800e6)
+    assert d["bytes_per_step"]["total"] == pytest.approx(1600e6)
+    assert d["breakdown"]["worker"]["compute_s"] == pytest.approx(0.1)
+    assert set(d["timeline"][0]) == {"name", "group", "start_s", "end_s", "tag"}
+    assert d["throughput_samples_per_s"] == pytest.approx(8 / pred.step_time_s)
+    assert set(d["utilization"]) >= {"worker compute", "server NIC ingress"}
+
+
+def test_graph_errors():
+    with pytest.raises(ConfigError, match="not a task of the graph"):
+        StepGraph(groups={"w": 1}, samples_per_step=1, tasks=(Compute(name="a", group="w", seconds=1, deps=("b",)),))
+    with pytest.raises(ConfigError, match="appears twice"):
+        StepGraph(groups={"w": 1}, samples_per_step=1,
+                  tasks=(Compute(name="a", group="w", seconds=1), Compute(name="a", group="w", seconds=1)))
+    with pytest.raises(ConfigError, match="role 'x'"):
+        StepGraph(groups={"w": 1}, samples_per_step=1, tasks=(Compute(name="a", group="x", seconds=1),))
+    with pytest.raises(ConfigError, match="at least 1 node"):
+        StepGraph(groups={"w": 0}, samples_per_step=1, tasks=(Compute(name="a", group="w", seconds=1),))
+    with pytest.raises(ConfigError, match="pattern"):
+        Transfer(name="t", src="a", dst="b", bytes_per_flow=1, pattern="mesh")
+    with pytest.raises(ConfigError, match="within"):
+        Transfer(name="t", src="a", dst="b", bytes_per_flow=1, pattern="within")
+    with pytest.raises(ConfigError, match="unknown scheme"):
+        Collective(name="c", group="w", scheme="magic", bytes=1)
+    with pytest.raises(ConfigError, match="seconds"):
+        Compute(name="a", group="w", seconds=-1)
+    cyc = StepGraph(groups={"w": 1}, samples_per_step=1, tasks=(
+        Compute(name="a", group="w", seconds=1, deps=("b",)), Compute(name="b", group="w", seconds=1, deps=("a",))))
+    with pytest.raises(ConfigError, match="cycle"):
+        simulate(cyc, cluster())
+    flat = StepGraph(groups={"w": 1}, samples_per_step=1, tasks=(Compute(name="a", group="w", seconds=1),))
+    with pytest.raises(ConfigError, match="prev/"):
+        simulate(flat, cluster(), iterations=4)
