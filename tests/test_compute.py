@@ -149,6 +149,20 @@ def test_peak_memory():
     fc = net.fc_layers
     want = net.layer("f1").param_bytes * 3 + (net.layer("f1").out_bytes + net.layer("r1").out_bytes) * batch
     assert compute.peak_memory_bytes(net, fc, batch) == want
+    # half precision halves every byte of the spec, not the buffers given in bytes
+    assert compute.peak_memory_bytes(net, fc, batch, dtype_bytes=2, comm_buffer_bytes=10) == want // 2 + 10
+
+
+def test_dtype_rescales_bytes_not_flops():
+    net = small_net()
+    f1 = net.layer("f1")
+    in_b = net.layer("r1").out_bytes
+    full = compute.phase_time_s(net, [f1], DEV, 8, "fwd")
+    half = compute.phase_time_s(net, [f1], DEV, 8, "fwd", dtype_bytes=2)
+    flops_s = f1.fwd_flops * 8 / SPEED
+    assert half - flops_s == pytest.approx((full - flops_s) / 2)
+    assert compute.phase_time_s(net, [f1], DEV, 8, "fwd", dtype_bytes=4) == full
+    assert compute.layer_time_s(f1, DEV, 8, direction="fwd", in_bytes=in_b, bytes_scale=0.5) == pytest.approx(half)
 
 
 def test_check_fits_message():

@@ -404,8 +404,14 @@ def test_prediction_to_dict_is_json():
     d = json.loads(json.dumps(pred.to_dict()))
     assert d["step_time_s"] == pytest.approx(pred.step_time_s)
     assert d["bytes_per_step"]["per_role"]["worker"] == pytest.approx(100e6)
-    assert d["bytes_per_step"]["per_role_all_nodes"]["worker"] == pytest.approx(800e6)
-    assert d["bytes_per_step"]["total"] == pytest.approx(1600e6)
+    assert d["bytes_per_step"]["wire_per_role_all_nodes"]["worker"] == pytest.approx(800e6)
+    assert d["bytes_per_step"]["total"] == pytest.approx(1600e6) == d["bytes_per_step"]["wire_total"]
+    # a collective: the runtime counts its payload once per participant, the wire carries more
+    g = StepGraph(groups={"w": 4}, samples_per_step=4, tasks=(Collective(name="ar", group="w", scheme="ring", bytes=1e6),))
+    dr = simulate(g, cluster()).to_dict()["bytes_per_step"]
+    assert dr["per_role"]["w"] == pytest.approx(1e6) and dr["total"] == pytest.approx(4e6)
+    assert dr["wire_per_role"]["w"] == pytest.approx(1.5e6) and dr["wire_total"] == pytest.approx(6e6)
+    assert dr["wire_per_link"] == {"w->w": pytest.approx(6e6)}
     assert d["breakdown"]["worker"]["compute_s"] == pytest.approx(0.1)
     assert set(d["timeline"][0]) == {"name", "group", "start_s", "end_s", "tag"}
     assert d["throughput_samples_per_s"] == pytest.approx(8 / pred.step_time_s)

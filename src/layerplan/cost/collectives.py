@@ -88,7 +88,8 @@ class PointToPoint:
         if n == 1:
             return ZERO
         s = float(size_bytes)
-        return CollectiveCost(rounds=1, send_bytes_per_node=s, recv_bytes_per_node=s, total_bytes=s, critical_bytes=s)  # PALEO §2 T = |D|/B
+        # PALEO §2: T = |D|/B
+        return CollectiveCost(rounds=1, send_bytes_per_node=s, recv_bytes_per_node=s, total_bytes=s, critical_bytes=s)
 
 
 class Gather:
@@ -104,7 +105,8 @@ class Gather:
         if n == 1:
             return ZERO
         s = float(size_bytes)
-        return CollectiveCost(rounds=1, send_bytes_per_node=s, recv_bytes_per_node=(n - 1) * s,  # PALEO §2 one-to-all, gather half
+        # PALEO §2 one-to-all, its gather half: the root's ingress carries (n−1)·S
+        return CollectiveCost(rounds=1, send_bytes_per_node=s, recv_bytes_per_node=(n - 1) * s,
                               total_bytes=(n - 1) * s, critical_bytes=(n - 1) * s)
 
 
@@ -119,7 +121,8 @@ class Scatter:
         if n == 1:
             return ZERO
         s = float(size_bytes)
-        return CollectiveCost(rounds=1, send_bytes_per_node=(n - 1) * s, recv_bytes_per_node=s,  # PALEO §2 one-to-all, broadcast half
+        # PALEO §2 one-to-all, its broadcast half: the root's egress carries (n−1)·S
+        return CollectiveCost(rounds=1, send_bytes_per_node=(n - 1) * s, recv_bytes_per_node=s,
                               total_bytes=(n - 1) * s, critical_bytes=(n - 1) * s)
 
 

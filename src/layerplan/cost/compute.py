@@ -110,24 +110,27 @@ def _compute_flops(layer: LayerSpec, batch: int, direction: str, conv_algorithm:
 
 
 def layer_time_s(layer: LayerSpec, device: DeviceSpec, batch: int, *, direction: str, in_bytes: int | None = None,
-                 conv_algorithm: str = "gemm", geometry: ConvGeometry | None = None) -> float:
+                 conv_algorithm: str = "gemm", geometry: ConvGeometry | None = None, bytes_scale: float = 1.0) -> float:
     """PALEO §3.1.1 eq.1 time of one layer for ``batch`` samples on ``device``.
 
     ``in_bytes``: the layer's input bytes per sample (its parents' outputs, or the network input);
     ``None`` leaves the input out of R and W — ``phase_time_s`` always passes it.
     ``conv_algorithm``: "gemm" (the NetSpec's FLOPs, the default everywhere), "fft" or "auto"
     (the faster of the two); the last two need ``geometry`` for conv layers and ignore other kinds.
+    ``bytes_scale``: multiplies every byte count of the spec (e.g. 0.5 to train an fp32 spec in
+    fp16); FLOPs do not change.
     """
     _check_common(batch, direction)
-    inp = 0 if in_bytes is None else in_bytes
+    inp = (0 if in_bytes is None else in_bytes) * bytes_scale
     flops = _compute_flops(layer, batch, direction, conv_algorithm, geometry)
     c = flops / device.achieved_flops_per_s  # PALEO §3.1.1 eq.1 C = FLOPs / (peak · PPP_comp)
-    w = float(layer.param_bytes)
+    w = float(layer.param_bytes) * bytes_scale
+    out = float(layer.out_bytes) * bytes_scale
     if direction == "fwd":
         read = inp * batch + w
-        write = float(layer.out_bytes) * batch
+        write = out * batch
     else:
-        read = (layer.out_bytes + inp) * batch + w
+        read = (out + inp) * batch + w
         write = (inp * batch if layer.parents else 0.0) + w
     bw = device.mem_bandwidth_bytes_per_s
     return read / bw + c + write / bw  # PALEO §3.1.1 eq.1: T = R + C + W
@@ -142,37 +145,52 @@ def input_bytes(net: NetSpec, layer: LayerSpec, out_bytes: Mapping[str, int] | N
     return sum(out_bytes[p] for p in layer.parents)
 
 
+def _scale(net: NetSpec, dtype_bytes: int | None) -> float:
+    """Byte scale to train ``net`` (whose spec counts ``net.dtype_bytes`` per value) in ``dtype_bytes``."""
+    if dtype_bytes is None or dtype_bytes == net.dtype_bytes:
+        return 1.0
+    if dtype_bytes not in (1, 2, 4, 8):
+        raise ConfigError(f"dtype_bytes must be 1, 2, 4 or 8, got {dtype_bytes!r}")
+    return dtype_bytes / net.dtype_bytes
+
+
 def phase_time_s(net: NetSpec, layers: Sequence[LayerSpec], device: DeviceSpec, batch: int, direction: str, *,
-                 conv_algorithm: str = "gemm", geometries: Mapping[str, ConvGeometry] | None = None) -> float:
+                 conv_algorithm: str = "gemm", geometries: Mapping[str, ConvGeometry] | None = None,
+                 dtype_bytes: int | None = None) -> float:
     """Forward or backward time of ``layers`` (a part of ``net``) for ``batch`` samples on one
     device: the sum of their layer times. Branches of a DAG run one after another on one device
-    (PALEO §3.1: sequential execution of a supernode's branches)."""
+    (PALEO §3.1: sequential execution of a supernode's branches). ``dtype_bytes``: bytes per value
+    to train in (None = the spec's own ``net.dtype_bytes``)."""
     _check_common(batch, direction)
+    scale = _scale(net, dtype_bytes)
     sizes = {layer.name: layer.out_bytes for layer in net.layers}
     geoms = geometries or {}
     total = 0.0
     for layer in layers:
         total += layer_time_s(layer, device, batch, direction=direction, in_bytes=input_bytes(net, layer, sizes),
-                              conv_algorithm=conv_algorithm, geometry=geoms.get(layer.name))  # PALEO §3.1: sum over a chain
+                              conv_algorithm=conv_algorithm, geometry=geoms.get(layer.name),
+                              bytes_scale=scale)  # PALEO §3.1: sum over a chain
     return total
 
 
 def fwd_bwd_time_s(net: NetSpec, layers: Sequence[LayerSpec], device: DeviceSpec, batch: int, *,
-                   conv_algorithm: str = "gemm", geometries: Mapping[str, ConvGeometry] | None = None) -> float:
+                   conv_algorithm: str = "gemm", geometries: Mapping[str, ConvGeometry] | None = None,
+                   dtype_bytes: int | None = None) -> float:
     """Forward plus backward time of ``layers`` (one training step's compute, no update)."""
-    kw = {"conv_algorithm": conv_algorithm, "geometries": geometries}
+    kw = {"conv_algorithm": conv_algorithm, "geometries": geometries, "dtype_bytes": dtype_bytes}
     return phase_time_s(net, layers, device, batch, "fwd", **kw) + phase_time_s(net, layers, device, batch, "bwd", **kw)
 
 
 # ---- memory --------------------------------------------------------------------------------------
 def peak_memory_bytes(net: NetSpec, layers: Sequence[LayerSpec], batch: int, *, optimizer_slots: int = 1,
-                      comm_buffer_bytes: float = 0) -> int:
+                      comm_buffer_bytes: float = 0, dtype_bytes: int | None = None) -> int:
     """Device memory a node needs to train ``layers`` at ``batch`` samples:
 
     parameters + gradients + optimizer state (``optimizer_slots`` copies of the parameters:
     momentum SGD = 1, Adam = 2) + activations kept for backward (every layer's output, and the
     inputs that enter ``layers`` from outside: the network input or another node's activations)
-    + communication buffers (e.g. a bucket being all-reduced, received activations).
+    + communication buffers (e.g. a bucket being all-reduced, received activations), in bytes as
+    given. ``dtype_bytes``: bytes per value to train in (None = the spec's ``net.dtype_bytes``).
     """
     if optimizer_slots < 0 or comm_buffer_bytes < 0 or batch < 0:
         raise ConfigError("peak memory: optimizer_slots, comm_buffer_bytes and batch must be non-negative")
@@ -190,7 +208,7 @@ def peak_memory_bytes(net: NetSpec, layers: Sequence[LayerSpec], batch: int, *, 
     if reads_input:
         per_sample += math.prod(net.input_shape) * net.dtype_bytes
     activations = per_sample * batch  # PALEO §3.1.1: every output a later backward reads stays resident
-    return int(weights + activations + comm_buffer_bytes)
+    return int((weights + activations) * _scale(net, dtype_bytes) + comm_buffer_bytes)
 
 
 def check_fits(nbytes: float, device: DeviceSpec, what: str) -> None:

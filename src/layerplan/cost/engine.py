@@ -43,7 +43,11 @@ workers is four tasks, not a million flows.
 
 Tasks sharing a ``queue`` name run one at a time, in the order they become ready (FIFO; ties in
 the order the tasks are listed): a server that serves one batch at a time whoever sent it (RALP's
-PS worker, Omnivore's merged FC server). Time waiting in the queue is not part of the task.
+PS worker, Omnivore's merged FC server). Time waiting in the queue is not part of the task. A
+queue serialises task classes: on a group of n nodes all n instances move in lockstep.
+
+Every role has nodes of its own: two roles never share a node's device or NIC (model a colocated
+service inside the role that hosts it).
 
 **Rates: max-min fair sharing** (progressive filling) of every resource — each group's per-node
 device, NIC egress, NIC ingress, the shared core pool and the switch (when
@@ -71,9 +75,11 @@ measured over the same window and given per step.
 (``compute_s`` = the union of the intervals in which the role's tasks tagged "compute" ran,
 ``comm_s`` the same for tasks tagged "comm" that the role sends or receives in; a task's interval
 includes its latency phase, not queueing), bytes per step (wire bytes sent per node and per role,
-received per node, the runtime's payload count, per link class, total), utilisation of every
-resource over the step, the bottleneck (the resource saturated longest, e.g. "server NIC ingress (97% busy)")
-and a timeline. ``Prediction.to_dict()`` is JSON-ready.
+received per node, the runtime's payload count, per link class, total; ``to_dict`` puts the
+runtime's payload count under ``bytes_per_step.total``/``per_role``, as the Measurement does, and
+the wire bytes under ``wire_*``), utilisation of every resource over the step, the bottleneck (the
+resource saturated longest, e.g. "server NIC ingress (97% busy)"; "network latency" when latency
+phases fill more of the step) and a timeline. ``Prediction.to_dict()`` is JSON-ready.
 """
 
 from __future__ import annotations
@@ -370,13 +376,16 @@ class Prediction:
             "samples_per_step": self.samples_per_step,
             "groups": dict(self.groups),
             "breakdown": {r: dict(b) for r, b in self.breakdown.items()},
+            # "total" and "per_role" follow the runtime's Measurement (payload counting rule) so
+            # the two compare directly; the wire_* keys are what the NICs carry.
             "bytes_per_step": {
-                "total": self.total_bytes,
-                "per_role": dict(self.bytes_sent_per_node),
-                "per_role_all_nodes": dict(self.bytes_sent_by_role),
-                "received_per_role": dict(self.bytes_received_per_node),
-                "payload_per_role": dict(self.payload_sent_per_node),
-                "per_link": dict(self.bytes_per_link),
+                "total": sum(b * self.groups[g] for g, b in self.payload_sent_per_node.items()),
+                "per_role": dict(self.payload_sent_per_node),
+                "wire_total": self.total_bytes,
+                "wire_per_role": dict(self.bytes_sent_per_node),
+                "wire_per_role_all_nodes": dict(self.bytes_sent_by_role),
+                "wire_received_per_role": dict(self.bytes_received_per_node),
+                "wire_per_link": dict(self.bytes_per_link),
             },
             "utilization": dict(self.utilization),
             "saturated": dict(self.saturated),
