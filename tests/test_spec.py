@@ -82,3 +82,16 @@ def test_net_validation_order_and_duplicates():
         NetSpec(name="n", input_shape=(1,), dtype_bytes=4, layers=(a, a), boundary=None)
     with pytest.raises(SpecError, match="boundary"):
         NetSpec(name="n", input_shape=(1,), dtype_bytes=4, layers=(a, b), boundary="zz")
+
+
+def test_a_second_output_in_the_head_blocks_the_cut():
+    # Inception's auxiliary classifier: a layer nobody reads is a network output the loss needs
+    layers = [
+        layer("c1", "conv", (), 10, (4, 4, 4), 100),
+        layer("aux", "fc", ("c1",), 10, (3,), 10),
+        layer("c2", "conv", ("c1",), 10, (4, 1, 1), 100),
+        layer("flat", "other", ("c2",), 0, (4,), 0),
+        layer("fc", "fc", ("flat",), 20, (5,), 40),
+    ]
+    assert find_boundary(layers) is None
+    assert find_boundary([x for x in layers if x.name != "aux"]) == "flat"

@@ -30,7 +30,7 @@ EXPECTED = {
     "vgg19": (143_667_240, "flatten"),
     "googlenet": (6_624_904, "flatten"),
     "inception_v3": (23_834_568, "avgpool"),
-    "inception_v3_aux": (27_161_264, "avgpool"),
+    "inception_v3_aux": (27_161_264, None),  # two outputs (aux logits mid-network): no single cut
     "resnet50": (25_557_032, "flatten"),
     "resnet152": (60_192_808, "flatten"),
     "yan_imagenet22k": (153_936_624, "flatten"),
@@ -69,8 +69,7 @@ def test_every_net_traces_analyses_and_splits_where_expected(name):
     assert net.num_classes == zoo.ZOO[name].default_num_classes
     assert net.input_shape == zoo.ZOO[name].input_shape()
     if boundary is not None:
-        # inception_v3_aux: the auxiliary classifier branches off mid-network, so its fc is in the conv phase
-        assert all(layer.kind != "fc" for layer in net.conv_layers if not layer.name.startswith("AuxLogits"))
+        assert all(layer.kind != "fc" for layer in net.conv_layers)
         assert net.fc_layers[-1].kind == "fc" and net.cut_is_single(net.boundary_index)
     assert not any(layer.op in ("Softmax", "softmax", "LogSoftmax") for layer in net.layers)
 

@@ -331,9 +331,16 @@ def find_boundary(layers: Iterable[LayerSpec]) -> str | None:
 
 
 def single_cut(layers: tuple[LayerSpec, ...], i: int) -> bool:
-    """True when only layer i's output crosses the cut after layer i."""
+    """True when only layer i's output crosses the cut after layer i. A layer of the head that no
+    layer reads is a second network output (Inception's auxiliary logits): it crosses every later
+    cut, since the loss needs it beside the tail's output."""
     head = {layer.name for layer in layers[: i + 1]}
     me = layers[i].name
+    read: set[str] = set()
+    for layer in layers:
+        read.update(layer.parents)
+    if any(layer.name not in read and layer.name != me for layer in layers[: i + 1]):
+        return False
     for layer in layers[i + 1 :]:
         if not layer.parents:
             return False  # a later layer reads the network input directly
