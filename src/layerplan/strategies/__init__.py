@@ -9,11 +9,13 @@ from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
 from layerplan.strategies.allreduce import Allreduce
 from layerplan.strategies.base import Strategy
+from layerplan.strategies.groups import Groups
+from layerplan.strategies.hybrid import Hybrid
 from layerplan.strategies.ps import PS
 from layerplan.strategies.ralp import Ralp
 from layerplan.strategies.stanza import Stanza
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (PS(), Allreduce(), Stanza(), Ralp())}
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (PS(), Allreduce(), Stanza(), Ralp(), Groups(), Hybrid())}
 
 
 def get(name: str) -> Strategy:

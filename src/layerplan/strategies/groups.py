@@ -1,0 +1,149 @@
+"""`groups`: Omnivore's compute groups (Omnivore §IV-A, §V-A).
+
+N conv machines form g groups of k = N/g. Inside a group: synchronous data parallelism on one
+group batch (k·B samples, B per machine). Across groups: asynchronous — each group, on its own
+clock, pulls the current conv model from the conv model server, runs the conv phase, sends its
+activations to the FC side, gets their gradients back, backpropagates and pushes its conv gradient
+to the conv model server, which applies it and serves the next pull. Staleness S = g − 1.
+
+FC side: with **merged FC** (the default, Omnivore §V-A) one machine holds the FC model and does the
+FC compute, one group batch at a time in arrival order (FC staleness 0). Without merging, each
+group has its own FC compute server, which pulls the FC model from an FC model server and pushes
+its FC gradient back.
+
+Placement: the paper puts the conv model server on one of the conv machines; here it is its own
+node (the engine's node groups are symmetric, and layerplan's runtime runs it as its own rank), so
+a config needs N + 2 nodes with merged FC, N + g + 2 without. The engine unrolls several rounds
+and reports the steady state; HE(g) (plan/omnivore.py) is its closed-form check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerplan.cost.engine import Compute, StepGraph, Transfer, iteration_name
+from layerplan.errors import ConfigError
+from layerplan.hardware import ClusterSpec
+from layerplan.netspec.spec import NetSpec
+from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
+
+ROUNDS = 8  # unrolled rounds (each group one iteration per round); the second half is measured
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupsConfig:
+    machines: int
+    """N: conv compute machines."""
+    groups: int
+    """g: compute groups (1 = synchronous, N = fully asynchronous); must divide N."""
+    merged_fc: bool = True
+    """FC compute and FC model on one machine (Omnivore §V-A)."""
+    pipelined: bool = False
+    """Two batches in flight per group."""
+
+
+class Groups(Strategy):
+    name = "groups"
+    Config = GroupsConfig
+    summary = "Omnivore: g asynchronous compute groups of k conv machines, a merged FC server"
+    needs_fc_phase = True
+
+    def nodes_needed(self, config: GroupsConfig) -> int:
+        return config.machines + 2 + (0 if config.merged_fc else config.groups)
+
+    def check(self, net, cluster, config: GroupsConfig) -> None:
+        self.require_applies(net)
+        require_positive(self.name, machines=config.machines, groups=config.groups)
+        if config.machines % config.groups:
+            raise ConfigError(f"groups: {config.groups} groups do not divide {config.machines} conv machines evenly")
+        what = f"{config.machines} conv machines + the conv model server + " + (
+            "the merged FC server" if config.merged_fc else f"{config.groups} FC compute servers + the FC model server")
+        require_nodes(self.name, self.nodes_needed(config), cluster, what)
+
+    def roles(self, config: GroupsConfig) -> dict[str, int]:
+        k = config.machines // config.groups
+        roles = {f"group{j}": k for j in range(config.groups)}
+        roles["conv_model"] = 1
+        if config.merged_fc:
+            roles["fc"] = 1
+        else:
+            roles.update({f"fc{j}": 1 for j in range(config.groups)})
+            roles["fc_model"] = 1
+        return roles
+
+    def global_batch(self, config, batch):
+        return config.machines * batch
+
+    def default(self, net, cluster, batch, *, machines=None, groups=None, workers=None, **_):
+        from layerplan.plan import omnivore
+
+        self.require_applies(net)
+        n = machines or workers or cluster.nodes - 2
+        if n < 1:
+            raise ConfigError(f"groups: {cluster.nodes} nodes leave no conv machine beside the FC and conv model servers")
+        g = groups or omnivore.saturating_groups(omnivore.group_times(net, cluster, batch), n, batch)
+        return GroupsConfig(machines=n, groups=g)
+
+    def space(self, net, cluster, batch):
+        from layerplan.plan import omnivore
+
+        if self.applies(net) or cluster.nodes < 3:
+            return []
+        n = cluster.nodes - 2
+        start = omnivore.saturating_groups(omnivore.group_times(net, cluster, batch), n, batch)
+        divs = omnivore.divisors(n)
+        i = divs.index(start)
+        picks = {1, n, start, divs[max(0, i - 1)], divs[min(len(divs) - 1, i + 1)]}
+        return [GroupsConfig(machines=n, groups=g) for g in sorted(picks)]
+
+    def schedule(self, net: NetSpec, cluster: ClusterSpec, config: GroupsConfig, batch: int) -> StepGraph:
+        self.check(net, cluster, config)
+        g, k = config.groups, config.machines // config.groups
+        act = net.boundary_bytes * batch
+        p_c, p_f = param_bytes(net.conv_layers), param_bytes(net.fc_layers)
+        t_cf = fwd_s(net, net.conv_layers, cluster, batch)
+        t_cb = bwd_s(net, net.conv_layers, cluster, batch)
+        t_fc = fwd_s(net, net.fc_layers, cluster, k * batch) + bwd_s(net, net.fc_layers, cluster, k * batch)
+        lag = 2 if config.pipelined else 1
+
+        def build(i: int):
+            tasks = []
+            for j in range(g):
+                grp = f"group{j}"
+
+                def n(x: str, it: int = i) -> str:
+                    return iteration_name(it, f"{x}{j}")
+
+                prev = (n("update", i - lag),) if i >= lag else ()
+                fc_role = "fc" if config.merged_fc else f"fc{j}"
+                tasks += [
+                    Transfer(name=n("pull"), src="conv_model", dst=grp, bytes_per_flow=p_c, pattern="broadcast", deps=prev),
+                    Compute(name=n("conv_fwd"), group=grp, seconds=t_cf, deps=(n("pull"),)),
+                    Transfer(name=n("act"), src=grp, dst=fc_role, bytes_per_flow=act, pattern="spread", deps=(n("conv_fwd"),)),
+                ]
+                if config.merged_fc:
+                    # Omnivore §V-A: the merged FC server serves whole group batches in arrival order.
+                    tasks.append(Compute(name=n("fc"), group="fc", seconds=t_fc + update_s(p_f, cluster), queue="fc",
+                                         deps=(n("act"),)))
+                else:
+                    fc_prev = (n("fc_push", i - 1),) if i else ()
+                    tasks += [
+                        Transfer(name=n("fc_pull"), src="fc_model", dst=fc_role, bytes_per_flow=p_f, pattern="broadcast",
+                                 deps=fc_prev),
+                        Compute(name=n("fc"), group=fc_role, seconds=t_fc, deps=(n("act"), n("fc_pull"))),
+                        Transfer(name=n("fc_push"), src=fc_role, dst="fc_model", bytes_per_flow=p_f, pattern="spread",
+                                 deps=(n("fc"),)),
+                        Compute(name=n("fc_update"), group="fc_model", seconds=update_s(p_f, cluster), queue="fc_model",
+                                deps=(n("fc_push"),)),
+                    ]
+                tasks += [
+                    Transfer(name=n("grad"), src=fc_role, dst=grp, bytes_per_flow=act, pattern="broadcast", deps=(n("fc"),)),
+                    Compute(name=n("conv_bwd"), group=grp, seconds=t_cb, deps=(n("grad"),)),
+                    Transfer(name=n("push"), src=grp, dst="conv_model", bytes_per_flow=p_c, pattern="spread",
+                             deps=(n("conv_bwd"),)),
+                    Compute(name=n("update"), group="conv_model", seconds=update_s(p_c, cluster, gradients_summed=k),
+                            queue="conv_model", deps=(n("push"),)),
+                ]
+            return tasks
+
+        return StepGraph(groups=self.roles(config), build=build, iterations=ROUNDS, samples_per_step=g * k * batch)

@@ -1,0 +1,204 @@
+"""`hybrid`: data-parallel conv phase, model-parallel FC phase ("One Weird Trick", Krizhevsky 2014,
+as PALEO models it; Yan et al. KDD'15 §6.4 for the per-layer choice).
+
+n_c CONV workers run the conv phase data-parallel (conv gradients ring-all-reduced among them).
+n_f FC machines hold the FC phase. Each fc layer is either
+
+- **partitioned** by output features (each FC machine holds 1/n_f of its weights and computes its
+  slice of the outputs for the whole global batch G = n_c·B): its input must be on every FC machine
+  in full ("full" layout) and its output is split by features; or
+- **replicated** (Yan §6.4: partition vs replicate the output layer): every FC machine holds all of
+  its weights and computes it for G/n_f samples ("batch" layout); its weight gradients are
+  all-reduced among the FC machines.
+
+Between layers the activations move to the layout the next layer needs, and the gradients move
+back: the boundary activations of the whole batch go to every FC machine for a partitioned first
+layer (all-gather), slices are exchanged between partitioned layers (all-gather forward,
+reduce-scatter of the input gradients backward), and the loss is computed on batch-split logits.
+Partitioning moves activations; replicating moves weights — the trade-off Yan §6.4 describes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from layerplan.cost.engine import Collective, Compute, StepGraph, Transfer
+from layerplan.errors import ConfigError
+from layerplan.hardware import ClusterSpec
+from layerplan.netspec.spec import LayerSpec, NetSpec
+from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
+
+MAX_ENUMERATED_FC_LAYERS = 4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HybridConfig:
+    conv_workers: int
+    """n_c: data-parallel CONV workers."""
+    fc_workers: int
+    """n_f: FC machines sharing the FC phase."""
+    replicate: tuple[str, ...] = ()
+    """fc layers computed replicated (data parallel over the FC machines) instead of partitioned."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "replicate", tuple(self.replicate))
+
+
+def fc_blocks(net: NetSpec) -> list[tuple[LayerSpec, list[LayerSpec]]]:
+    """The FC phase as (fc layer, the element-wise layers that follow it) blocks; element-wise
+    layers before the first fc layer join its block."""
+    blocks: list[tuple[LayerSpec, list[LayerSpec]]] = []
+    lead: list[LayerSpec] = []
+    for layer in net.fc_layers:
+        if layer.kind == "fc":
+            blocks.append((layer, []))
+        elif blocks:
+            blocks[-1][1].append(layer)
+        else:
+            lead.append(layer)
+    if blocks and lead:
+        blocks[0][1][:0] = lead
+    return blocks
+
+
+class Hybrid(Strategy):
+    name = "hybrid"
+    Config = HybridConfig
+    summary = "conv data-parallel on n_c workers, each FC layer partitioned (or replicated) over n_f machines"
+    needs_fc_phase = True
+
+    def check(self, net, cluster, config: HybridConfig) -> None:
+        self.require_applies(net)
+        require_positive(self.name, conv_workers=config.conv_workers, fc_workers=config.fc_workers)
+        require_nodes(self.name, config.conv_workers + config.fc_workers, cluster,
+                      f"{config.conv_workers} CONV workers + {config.fc_workers} FC machines")
+        names = {b[0].name for b in fc_blocks(net)}
+        for r in config.replicate:
+            if r not in names:
+                raise ConfigError(f"hybrid: {r!r} is not an fc layer of the FC phase ({', '.join(sorted(names))})")
+
+    def roles(self, config):
+        return {"conv": config.conv_workers, "fc": config.fc_workers}
+
+    def global_batch(self, config, batch):
+        return config.conv_workers * batch
+
+    def default(self, net, cluster, batch, *, conv_workers=None, fc_workers=None, workers=None, **_):
+        self.require_applies(net)
+        if conv_workers is None and fc_workers is None and workers is None:
+            from layerplan import strategies
+
+            space = self.space(net, cluster, batch)
+            if not space:
+                raise ConfigError(f"hybrid needs at least 2 nodes, the cluster has {cluster.nodes}")
+            return max(space, key=lambda c: strategies.predict(net, cluster, self.name, c, batch).throughput_samples_per_s)
+        n_f = fc_workers or 1
+        n_c = conv_workers or workers or cluster.nodes - n_f
+        return HybridConfig(conv_workers=n_c, fc_workers=n_f)
+
+    def space(self, net, cluster, batch):
+        if self.applies(net) or cluster.nodes < 2:
+            return []
+        fcs = [b[0].name for b in fc_blocks(net)]
+        if len(fcs) <= MAX_ENUMERATED_FC_LAYERS:
+            subsets = [tuple(s) for r in range(len(fcs) + 1) for s in itertools.combinations(fcs, r)]
+        else:
+            subsets = [(), (fcs[-1],), tuple(fcs)]
+        out = []
+        n_f = 1
+        while n_f <= cluster.nodes // 2:
+            for rep in (subsets if n_f > 1 else [()]):  # with one FC machine both choices are the same
+                out.append(HybridConfig(conv_workers=cluster.nodes - n_f, fc_workers=n_f, replicate=rep))
+            n_f *= 2
+        return out
+
+    def schedule(self, net: NetSpec, cluster: ClusterSpec, config: HybridConfig, batch: int) -> StepGraph:
+        self.check(net, cluster, config)
+        n_c, n_f = config.conv_workers, config.fc_workers
+        G = n_c * batch
+        g_part = math.ceil(G / n_f)  # samples per FC machine in the batch layout
+        tasks: list = [Compute(name="conv_fwd", group="conv", seconds=fwd_s(net, net.conv_layers, cluster, batch))]
+        last = "conv_fwd"
+        counter = itertools.count()
+
+        def add(task) -> str:
+            nonlocal last
+            tasks.append(task)
+            last = task.name
+            return task.name
+
+        def move(layout_from: str, layout_to: str, values_bytes_per_sample: int, backward: bool) -> None:
+            """Move a tensor of ``values_bytes_per_sample`` per sample between layouts."""
+            i = next(counter)
+            name = f"{'grad' if backward else 'act'}_{layout_from}_to_{layout_to}_{i}"
+            per = values_bytes_per_sample
+            if layout_from == layout_to and layout_from in ("batch", "full"):
+                return
+            if layout_from == "conv" or layout_to == "conv":
+                if n_f == 1 and layout_from == "conv":
+                    add(Transfer(name=name, src="conv", dst="fc", bytes_per_flow=per * batch, pattern="spread", deps=(last,)))
+                elif layout_from == "conv":
+                    pattern = "all_to_all" if layout_to == "full" else "spread"
+                    add(Transfer(name=name, src="conv", dst="fc", bytes_per_flow=per * batch, pattern=pattern, deps=(last,)))
+                else:  # gradients back to the CONV workers
+                    pattern = "all_to_all" if layout_from == "partial" else "broadcast"
+                    add(Transfer(name=name, src="fc", dst="conv", bytes_per_flow=per * batch, pattern=pattern, deps=(last,)))
+                return
+            if n_f == 1:
+                return
+            if (layout_from, layout_to) in (("feature", "full"), ("batch", "full"), ("partial", "feature"), ("partial", "batch")):
+                nbytes = per * G / n_f  # all-gather forward / reduce-scatter backward: one slice to each other machine
+            else:  # feature <-> batch: a transpose, each machine keeps 1/n_f of its slice
+                nbytes = per * G / (n_f * n_f)
+            add(Transfer(name=name, src="fc", dst="fc", bytes_per_flow=nbytes, pattern="all_to_all", deps=(last,)))
+
+        blocks = fc_blocks(net)
+        layouts = []  # (input layout needed, output layout produced) per block
+        cur = "conv"
+        for fc, tail in blocks:
+            replicated = fc.name in config.replicate or n_f == 1
+            need = "batch" if replicated else "full"
+            in_bytes = net.layer(fc.parents[0]).out_bytes if fc.parents else net.boundary_bytes
+            move(cur, need, in_bytes, backward=False)
+            layers = [fc, *tail]
+            add(Compute(name=f"fwd_{fc.name}", group="fc", seconds=fwd_s(net, layers, cluster, g_part), deps=(last,)))
+            out = "batch" if replicated else "feature"
+            layouts.append((need, out, in_bytes))
+            cur = out
+        # the loss needs whole rows of logits: batch-split them
+        out_bytes = blocks[-1][1][-1].out_bytes if blocks[-1][1] else blocks[-1][0].out_bytes
+        move(cur, "batch", out_bytes, backward=False)
+        move("batch", cur, out_bytes, backward=True)
+        fc_reduces = []
+        for bi in reversed(range(len(blocks))):
+            fc, tail = blocks[bi]
+            need, out, in_bytes = layouts[bi]
+            layers = [fc, *tail]
+            add(Compute(name=f"bwd_{fc.name}", group="fc", seconds=bwd_s(net, layers, cluster, g_part), deps=(last,)))
+            if need == "batch" and n_f > 1 and fc.param_bytes:
+                fc_reduces.append(Collective(name=f"allreduce_{fc.name}", group="fc", scheme="ring",
+                                             bytes=param_bytes(layers), deps=(last,)))
+            prev_layout = "conv" if bi == 0 else layouts[bi - 1][1]
+            grad_from = "partial" if need == "full" else "batch"
+            if prev_layout == "conv":
+                move(grad_from, "conv", in_bytes, backward=True)
+            else:
+                move(grad_from, prev_layout, in_bytes, backward=True)
+        tasks += fc_reduces
+        grads_at_conv = last
+        tasks.append(Compute(name="conv_bwd", group="conv", seconds=bwd_s(net, net.conv_layers, cluster, batch),
+                             deps=(grads_at_conv,)))
+        conv_done = "conv_bwd"
+        if n_c > 1:
+            tasks.append(Collective(name="conv_allreduce", group="conv", scheme="ring",
+                                    bytes=param_bytes(net.conv_layers), deps=("conv_bwd",)))
+            conv_done = "conv_allreduce"
+        tasks.append(Compute(name="conv_update", group="conv", seconds=update_s(param_bytes(net.conv_layers), cluster),
+                             deps=(conv_done,)))
+        fc_bytes = sum(param_bytes([fc, *tail]) / (1 if fc.name in config.replicate or n_f == 1 else n_f)
+                       for fc, tail in blocks)
+        tasks.append(Compute(name="fc_update", group="fc", seconds=update_s(fc_bytes, cluster),
+                             deps=(grads_at_conv, *[t.name for t in fc_reduces])))
+        return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=G)

@@ -1,0 +1,190 @@
+"""Each strategy's schedule, run through the engine, against the papers' closed forms (under the
+papers' assumptions: no latency, full link efficiency, free memory traffic)."""
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from conftest import chain, make_net
+from layerplan import hardware, strategies
+from layerplan.cost.collectives import recursive_doubling_rounds
+from layerplan.errors import ConfigError
+from layerplan.plan import assign, omnivore, planner
+from layerplan.strategies.base import bwd_s, fwd_s, param_bytes
+
+BW = 10e9 / 8
+
+
+def ideal(nodes=8, shared_cores=None):
+    dev = hardware.DeviceSpec(name="ideal", peak_flops_per_s=1e12, mem_bandwidth_bytes_per_s=1e18, memory_bytes=1e15,
+                              compute_efficiency=1.0)
+    nic = hardware.LinkSpec(name="ideal", bandwidth_bytes_per_s=BW, latency_s=0.0, efficiency=1.0)
+    return hardware.ClusterSpec(name="ideal", nodes=nodes, device=dev, nic=nic, shared_cores=shared_cores)
+
+
+def net_fc_heavy():
+    return make_net(chain(
+        ("c1", "conv", 30_000, (32, 16, 16), 40_000_000),
+        ("p1", "pool", 0, (32, 8, 8), 0),
+        ("c2", "conv", 200_000, (64, 8, 8), 60_000_000),
+        ("p2", "pool", 0, (64, 4, 4), 0),
+        ("flat", "other", 0, (1024,), 0),
+        ("f1", "fc", 4_000_000, (4096,), 8_000_000),
+        ("r1", "act", 0, (4096,), 0),
+        ("f2", "fc", 400_000, (100,), 800_000),
+    ), name="fcheavy")
+
+
+def test_ps_is_stanza_eq6():
+    net, c, b = net_fc_heavy(), ideal(8), 16
+    for n_w, n_s in [(7, 1), (6, 2), (4, 4), (3, 1)]:
+        pred = strategies.predict(net, c, "ps", strategies.get("ps").Config(workers=n_w, servers=n_s), b)
+        t_ps = fwd_s(net, net.layers, c, b) + bwd_s(net, net.layers, c, b)
+        expected = 2 * n_w * net.param_bytes / (n_s * BW) + t_ps  # Stanza eq.6
+        # a server's NIC limits when n_w >= n_s; a worker's own NIC when n_s > n_w
+        expected = max(expected, 2 * net.param_bytes / BW + t_ps)
+        assert pred.step_time_s == pytest.approx(expected, rel=1e-6)
+        assert pred.throughput_samples_per_s == pytest.approx(n_w * b / expected, rel=1e-6)  # Stanza eq.7
+
+
+@pytest.mark.parametrize("n_c", range(2, 11))
+def test_stanza_is_eq3(n_c):
+    net, b = net_fc_heavy(), 8
+    c = ideal(n_c + 1)
+    pred = strategies.predict(net, c, "stanza", strategies.get("stanza").Config(conv_workers=n_c, fc_workers=1), b)
+    t_c = fwd_s(net, net.conv_layers, c, b) + bwd_s(net, net.conv_layers, c, b)
+    t_f = fwd_s(net, net.fc_layers, c, b) + bwd_s(net, net.fc_layers, c, b)
+    a_k = net.boundary_bytes * b
+    r = math.log2(n_c) if n_c & (n_c - 1) == 0 else math.floor(math.log2(n_c)) + 2
+    expected = t_c + n_c * t_f + 2 * n_c * a_k / BW + param_bytes(net.conv_layers) * r / BW  # Stanza eq.3
+    assert recursive_doubling_rounds(n_c) == r
+    assert pred.step_time_s == pytest.approx(expected, rel=1e-6)
+    assert assign.stanza_step_s(net, c, n_c, 1, b) == pytest.approx(expected, rel=1e-9)
+
+
+def test_stanza_assignment_is_exhaustive_and_engine_confirmed():
+    net, c, b = net_fc_heavy(), ideal(9), 8
+    ranked = assign.stanza_assignment(net, c, b)
+    assert [a.config.conv_workers + a.config.fc_workers for a in ranked] == [9] * 4
+    best = assign.best_stanza(net, c, b)
+    thr = strategies.predict(net, c, "stanza", best, b).throughput_samples_per_s
+    for a in ranked[:3]:
+        assert thr >= strategies.predict(net, c, "stanza", a.config, b).throughput_samples_per_s - 1e-9
+
+
+def test_ring_allreduce_bytes_and_time():
+    net, b = net_fc_heavy(), 8
+    for w in (2, 4, 8):
+        cfg = strategies.get("allreduce").Config(workers=w, algorithm="ring", bucket_bytes=0)
+        pred = strategies.predict(net, ideal(w), "allreduce", cfg, b)
+        s = net.param_bytes
+        assert pred.total_bytes == pytest.approx(2 * s * (w - 1), rel=1e-9)  # RALP: Horovod moves 2·S·(W−1)
+        t = fwd_s(net, net.layers, ideal(w), b) + bwd_s(net, net.layers, ideal(w), b)
+        assert pred.step_time_s == pytest.approx(t + 2 * (w - 1) / w * s / BW, rel=1e-6)
+
+
+def test_ddp_buckets_overlap_backward():
+    net, b = net_fc_heavy(), 8
+    one = strategies.predict(net, ideal(4), "allreduce", strategies.get("allreduce").Config(workers=4, bucket_bytes=0), b)
+    bucketed = strategies.predict(net, ideal(4), "allreduce", strategies.get("allreduce").Config(workers=4), b)
+    assert bucketed.step_time_s < one.step_time_s
+
+
+def test_ralp_moves_only_head_parameters_and_split_activations():
+    net, c, b = net_fc_heavy(), ideal(5), 8
+    cfg = strategies.get("ralp").default(net, c, b)
+    assert cfg.workers == 4 and cfg.split == "p2"
+    pred = strategies.predict(net, c, "ralp", cfg, b)
+    head = param_bytes(net.head("p2"))
+    act = net.layer("p2").out_bytes * b
+    assert pred.bytes_sent_per_node["worker"] == pytest.approx(act + head)
+    assert pred.bytes_sent_per_node["ps"] == pytest.approx(4 * (act + head))
+    assert strategies.get("ralp").default(net, ideal(8), b, setting="H").workers == 4  # RALP-H: N/2 workers
+
+
+def test_groups_async_beats_sync_when_the_fc_server_is_not_saturated():
+    net, b = net_fc_heavy(), 8
+    c = ideal(10)
+    s = strategies.get("groups")
+    thr = {g: strategies.predict(net, c, "groups", s.Config(machines=8, groups=g), b).throughput_samples_per_s
+           for g in (1, 2, 4, 8)}
+    assert thr[2] > thr[1]
+    he = omnivore.group_times(net, c, b)
+    g0 = omnivore.saturating_groups(he, 8, b)
+    assert g0 in (1, 2, 4, 8)
+    # beyond FC saturation more groups cannot help much (Omnivore §IV-B)
+    assert thr[8] <= 1.25 * max(thr.values())
+
+
+def test_hybrid_partition_vs_replicate_output_layer():
+    # a huge output layer (Yan's 22K classes): replicating it moves its weights, partitioning moves activations
+    net = make_net(chain(("c1", "conv", 10_000, (16, 8, 8), 10_000_000), ("flat", "other", 0, (1024,), 0),
+                         ("f1", "fc", 1_000_000, (1024,), 2_000_000), ("f2", "fc", 22_000_000, (22_000,), 44_000_000)))
+    c, b, s = ideal(8), 8, strategies.get("hybrid")
+    part = strategies.predict(net, c, "hybrid", s.Config(conv_workers=4, fc_workers=4), b)
+    repl = strategies.predict(net, c, "hybrid", s.Config(conv_workers=4, fc_workers=4, replicate=("f2",)), b)
+    assert part.step_time_s < repl.step_time_s
+    assert repl.bytes_sent_per_node["fc"] > part.bytes_sent_per_node["fc"]
+
+
+def test_shared_cores_slow_compute():
+    net, b = net_fc_heavy(), 8
+    cfg = strategies.get("allreduce").Config(workers=4)
+    free = strategies.predict(net, ideal(4), "allreduce", cfg, b)
+    shared = strategies.predict(net, ideal(4, shared_cores=2), "allreduce", cfg, b)
+    assert shared.breakdown["worker"]["compute_s"] == pytest.approx(2 * free.breakdown["worker"]["compute_s"], rel=0.05)
+
+
+def test_strategies_without_fc_phase_say_why():
+    net = make_net(chain(("c1", "conv", 100, (4, 4, 4), 1000), ("c2", "conv", 100, (4, 1, 1), 1000)))
+    for name in ("stanza", "ralp", "groups", "hybrid"):
+        why = strategies.get(name).applies(net)
+        assert why and "FC phase" in why
+        with pytest.raises(ConfigError, match="FC phase"):
+            strategies.get(name).default(net, ideal(4), 8)
+    assert set(planner.why_not(net, ideal(4))) == {"stanza", "ralp", "groups", "hybrid"}
+    assert {r.strategy for r in planner.rank(net, ideal(4), 8)} == {"ps", "allreduce"}
+
+
+@pytest.mark.parametrize("name,cfg,match", [
+    ("ps", dict(workers=8, servers=1), "need 9 nodes"),
+    ("ps", dict(workers=4, servers=0), "servers"),
+    ("allreduce", dict(workers=9), "need 9 nodes"),
+    ("allreduce", dict(workers=4, algorithm="gossip"), "unknown algorithm"),
+    ("stanza", dict(conv_workers=2, fc_workers=3), "idle"),
+    ("ralp", dict(workers=4, split="c1"), "between two conv"),
+    ("ralp", dict(workers=4, split="f2"), "nothing to run"),
+    ("groups", dict(machines=6, groups=4), "do not divide"),
+    ("hybrid", dict(conv_workers=4, fc_workers=2, replicate=("c1",)), "not an fc layer"),
+])
+def test_impossible_configs_say_why(name, cfg, match):
+    s = strategies.get(name)
+    with pytest.raises(ConfigError, match=match):
+        strategies.predict(net_fc_heavy(), ideal(8), name, s.Config(**cfg), 8)
+
+
+def test_every_strategy_predicts_and_plans_rank_best_first():
+    net, c, b = net_fc_heavy(), ideal(8), 8
+    ranked = planner.rank(net, c, b)
+    assert {r.strategy for r in ranked} == set(strategies.STRATEGIES)
+    thr = [r.throughput for r in ranked]
+    assert thr == sorted(thr, reverse=True)
+    for r in ranked:
+        assert r.prediction.step_time_s > 0 and r.prediction.bottleneck
+
+
+def test_plan_file_round_trip_and_strictness(tmp_path):
+    net, c, b = net_fc_heavy(), ideal(8), 8
+    best = planner.rank(net, c, b)[0]
+    p = planner.make_plan("fcheavy.json", None, None, b, c, best)
+    path = tmp_path / "plan.json"
+    p.save(path)
+    again = planner.Plan.load(path)
+    assert again == p
+    assert again.cluster_spec() == c
+    assert again.strategy_config() == best.config
+    text = path.read_text().replace('"format": 1', '"format": 1, "colour": 2')
+    path.write_text(text)
+    with pytest.raises(Exception, match="unknown key"):
+        planner.Plan.load(path)
