@@ -1,0 +1,197 @@
+"""`layerplan train`: run a strategy for real on torch.distributed and report what it measured.
+
+``register(subparsers)`` adds the subcommand and puts ``cmd_train`` into ``layerplan.cli.COMMANDS``.
+The prediction seam: ``run_train(args, predictor)`` calls ``predictor(spec, measurement)`` when one
+is given and shows measured, predicted and relative error side by side (``attach_prediction``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any, Callable
+
+from layerplan.errors import ConfigError
+
+DEFAULT_WORKERS = 2
+STRATEGY_OPTIONS = {  # CLI option -> (config key, strategies it applies to)
+    "workers": ("workers", ("ps", "allreduce", "ralp")),
+    "servers": ("servers", ("ps",)),
+    "conv_workers": ("conv_workers", ("stanza",)),
+    "fc_workers": ("fc_workers", ("stanza",)),
+    "split": ("split", ("stanza", "ralp")),
+    "ralp_setting": ("ralp_setting", ("ralp",)),
+}
+
+
+def register(subparsers) -> None:
+    from layerplan.cli import COMMANDS, add_model_args, positive_int
+    from layerplan.runtime.run_spec import STRATEGIES
+
+    p = subparsers.add_parser(
+        "train", help="run a strategy for real on torch.distributed and measure it",
+        description="Train MODEL with a strategy on local processes (gloo on CPU): measured step time, "
+                    "throughput, bytes per role per step, compute/communication time per role.")
+    add_model_args(p)
+    p.add_argument("--strategy", required=True, choices=STRATEGIES, help="ps | allreduce | stanza | ralp")
+    g = p.add_argument_group("strategy configuration")
+    g.add_argument("--workers", type=positive_int, metavar="N",
+                   help=f"ps/allreduce/ralp workers (ralp: plus one PS worker); default {DEFAULT_WORKERS}")
+    g.add_argument("--servers", type=positive_int, metavar="N", help="ps: parameter servers (default 1)")
+    g.add_argument("--conv-workers", type=positive_int, metavar="N", help=f"stanza: CONV workers (default {DEFAULT_WORKERS})")
+    g.add_argument("--fc-workers", type=positive_int, metavar="N", help="stanza: FC workers (default 1)")
+    g.add_argument("--split", metavar="LAYER",
+                   help="stanza/ralp: cut after this layer (default: the phase boundary / the RALP profile's split)")
+    g.add_argument("--ralp-setting", choices=("N", "H"), help="ralp: RALP-N (N−1 workers) or RALP-H (N/2 workers)")
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=positive_int, default=20, metavar="K", help="steps (default 20)")
+    t.add_argument("--batch-size", type=positive_int, default=32, metavar="B", help="samples per worker (default 32)")
+    t.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    t.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    t.add_argument("--weight-decay", type=float, default=0.0, help="SGD weight decay (default 0)")
+    t.add_argument("--data", default="synthetic", metavar="SOURCE",
+                   help="synthetic | digits | imagefolder:PATH (default synthetic)")
+    t.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed (default 0)")
+    t.add_argument("--deterministic", action="store_true", help="disable dropout (runs equal single-process SGD)")
+    t.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="parameter/activation type")
+    r = p.add_argument_group("run")
+    r.add_argument("--on", choices=("local", "torchrun"), default="local",
+                   help="local: start the ranks here (default); torchrun: write the spec and print the torchrun command")
+    r.add_argument("--threads-per-rank", type=positive_int, default=1, metavar="T", help="torch threads per rank (default 1)")
+    r.add_argument("--timeout", type=float, default=20.0, metavar="S",
+                   help="seconds a rank waits for a peer before the run fails (default 20)")
+    r.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU, default) or nccl (CUDA)")
+    r.add_argument("--metrics-out", metavar="FILE", help="write the Measurement JSON here")
+    r.add_argument("--checkpoint-dir", metavar="D", help="write checkpoints here")
+    r.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                   help="checkpoint every K steps (default: only after the last step)")
+    r.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    r.add_argument("--spec-out", metavar="FILE", help="also write the run spec (JSON) here")
+    r.add_argument("--json", action="store_true", help="print the Measurement as JSON instead of tables")
+    COMMANDS["train"] = cmd_train
+
+
+def spec_from_args(args: argparse.Namespace):
+    from layerplan.runtime.run_spec import RunSpec
+
+    config: dict[str, Any] = {}
+    for opt, (key, applies) in STRATEGY_OPTIONS.items():
+        v = getattr(args, opt, None)
+        if v is None:
+            continue
+        if args.strategy not in applies:
+            raise ConfigError(f"--{opt.replace('_', '-')} does not apply to {args.strategy} "
+                              f"(only to {', '.join(applies)})")
+        config[key] = v
+    if args.strategy == "stanza":
+        config.setdefault("conv_workers", DEFAULT_WORKERS)
+    else:
+        config.setdefault("workers", DEFAULT_WORKERS)
+    if args.checkpoint_every < 0:
+        raise ConfigError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    return RunSpec(model=args.model, strategy=args.strategy, config=config, input_size=args.input_size,
+                   num_classes=args.num_classes, batch_size=args.batch_size, steps=args.steps, lr=args.lr,
+                   momentum=args.momentum, weight_decay=args.weight_decay, data=args.data, seed=args.seed,
+                   threads_per_rank=args.threads_per_rank, checkpoint_dir=args.checkpoint_dir,
+                   checkpoint_every=args.checkpoint_every, resume=args.resume, metrics_out=args.metrics_out,
+                   timeout_s=args.timeout, deterministic=args.deterministic, backend=args.backend, dtype=args.dtype,
+                   progress=not args.json)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    return run_train(args, predictor=None)
+
+
+def run_train(args: argparse.Namespace, predictor: Callable[[Any, dict], dict] | None = None) -> int:
+    """The train command; ``predictor(spec, measurement) -> Prediction.to_dict()`` adds the cost
+    engine's prediction beside the measurement (the seam for the engine)."""
+    from layerplan.cli import emit_json
+    from layerplan.runtime.launch import launch_local, preflight
+    from layerplan.runtime.layout import world_size
+
+    spec = spec_from_args(args)
+    if args.spec_out:
+        spec.save(args.spec_out)
+    if args.on == "torchrun":
+        preflight(spec)
+        path = args.spec_out or "spec.json"
+        if not args.spec_out:
+            spec.save(path)
+        print(f"wrote {path}; run it with:\n  torchrun --nproc-per-node {world_size(spec)} "
+              f"-m layerplan.runtime.worker --spec {shlex.quote(str(Path(path)))}")
+        return 0
+    m = launch_local(spec, quiet=args.json)
+    if predictor is not None:
+        m = attach_prediction(m, predictor(spec, m))
+    if args.json:
+        emit_json(m)
+    else:
+        print_summary(m)
+    return 0
+
+
+def attach_prediction(measurement: dict, prediction: dict) -> dict:
+    """Measured, predicted and relative error side by side: adds ``prediction`` (as given) and
+    ``comparison`` {quantity: {measured, predicted, rel_error}} for step time, throughput, total
+    bytes per step and per-role compute/comm time where both sides have them."""
+    out = dict(measurement)
+    out["prediction"] = prediction
+    rows: dict[str, dict[str, float | None]] = {}
+
+    def add(name: str, meas: Any, pred: Any) -> None:
+        if isinstance(meas, (int, float)) and isinstance(pred, (int, float)):
+            rows[name] = {"measured": float(meas), "predicted": float(pred),
+                          "rel_error": (float(pred) - float(meas)) / float(meas) if meas else None}
+
+    add("step_time_s", measurement.get("step_time_s"), prediction.get("step_time_s"))
+    add("throughput_samples_per_s", measurement.get("throughput_samples_per_s"),
+        prediction.get("throughput_samples_per_s"))
+    mb, pb = measurement.get("bytes_per_step") or {}, prediction.get("bytes_per_step") or {}
+    add("bytes_per_step.total", mb.get("total"), pb.get("total") if isinstance(pb, dict) else pb)
+    for role, sent in (mb.get("per_role") or {}).items():
+        if isinstance(pb, dict):
+            add(f"bytes_per_step.{role}", sent, (pb.get("per_role") or {}).get(role))
+    for role, b in (measurement.get("breakdown") or {}).items():
+        pr = (prediction.get("breakdown") or {}).get(role) or {}
+        for k in ("compute_s", "comm_s"):
+            add(f"breakdown.{role}.{k}", b.get(k), pr.get(k))
+    out["comparison"] = rows
+    return out
+
+
+def print_summary(m: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from layerplan import units
+
+    con = Console(highlight=False)
+    cfg = ", ".join(f"{k}={v}" for k, v in m["config"].items() if v is not None)
+    losses = [x for x in m["loss"] if x is not None]
+    con.print(f"[bold]{m['strategy']}[/bold] ({cfg}) on {m['model']}: {m['world_size']} ranks, global batch "
+              f"{m['global_batch']}, steps {m['steps'][0]}–{m['steps'][-1]}" if m["steps"] else "no steps run")
+    con.print(f"step time {units.format_seconds(m['step_time_s'])} (median after {m['warmup_steps']} warm-up), "
+              f"throughput {m['throughput_samples_per_s']:.1f} samples/s, "
+              f"bytes per step {units.format_bytes(m['bytes_per_step']['total'])}"
+              + (f", loss {losses[0]:.4f} → {losses[-1]:.4f}" if losses else ""))
+    t = Table(title="per role, per rank, per step")
+    for col in ("role", "ranks", "sent", "received", "compute", "comm"):
+        t.add_column(col, justify="left" if col == "role" else "right")
+    rows: dict[str, list[dict]] = {}
+    for r in m["bytes_per_step"]["per_rank"]:
+        rows.setdefault(r["role"], []).append(r)
+    for role, rs in rows.items():
+        b = m["breakdown"][role]
+        recv = sum(r["recv"] for r in rs) / len(rs)
+        t.add_row(role, str(len(rs)), units.format_bytes(m["bytes_per_step"]["per_role"][role]),
+                  units.format_bytes(recv), units.format_seconds(b["compute_s"]), units.format_seconds(b["comm_s"]))
+    con.print(t)
+    if m.get("comparison"):
+        c = Table(title="measured vs predicted")
+        for col in ("quantity", "measured", "predicted", "error"):
+            c.add_column(col, justify="left" if col == "quantity" else "right")
+        for name, row in m["comparison"].items():
+            err = "–" if row["rel_error"] is None else f"{100 * row['rel_error']:+.1f}%"
+            c.add_row(name, f"{row['measured']:.4g}", f"{row['predicted']:.4g}", err)
+        con.print(c)

@@ -1,0 +1,113 @@
+"""Which rank plays which role — the one place that decides it.
+
+Layouts (world size in brackets):
+
+- ``ps`` [n_w + n_s]: ranks 0..n_w−1 are workers, ranks n_w..n_w+n_s−1 parameter servers; server j
+  owns the j-th contiguous shard of the flattened parameter vector, balanced by element count.
+- ``allreduce`` [n]: ranks 0..n−1 are DDP workers.
+- ``stanza`` [n_c + n_f]: ranks 0..n_c−1 CONV workers, ranks n_c..n_c+n_f−1 FC workers. CONV
+  workers are split evenly among FC workers in **contiguous blocks**: FC worker j serves CONV
+  workers ⌊j·n_c/n_f⌋ .. ⌊(j+1)·n_c/n_f⌋−1. Contiguous (rather than i mod n_f) so an FC worker's
+  concatenation of its CONV workers' activations, in rank order, is a contiguous slice of the
+  global batch.
+- ``ralp`` [n_w + 1]: ranks 0..n_w−1 workers, rank n_w the PS worker (tail + head aggregation).
+  The RALP setting only says how many nodes the run stands for: RALP-N uses N = n_w + 1 nodes,
+  RALP-H N = 2·n_w (the paper's N/2 workers + 1 PS GPU).
+
+Data workers — the ranks that read input samples, in data order — are the ps/allreduce/ralp
+workers and the Stanza CONV workers; data worker i reads slice i of every global batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerplan.errors import ConfigError
+
+MAX_LOCAL_RANKS = 64  # more processes than this on one machine is a typo, not an experiment
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Role:
+    """One rank's part in a run."""
+
+    rank: int
+    kind: str
+    """worker | server | conv_worker | fc_worker | ps_worker."""
+    index: int
+    """Position among the ranks of the same kind."""
+    data_index: int | None = None
+    """Which slice of each global batch this rank reads (None: it reads no inputs)."""
+    peers: tuple[int, ...] = ()
+    """stanza CONV worker: (its FC worker,); FC worker: its CONV workers in batch order;
+    ralp worker: (the PS worker,); ps worker: the servers; server: the workers."""
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "kind": self.kind, "index": self.index, "data_index": self.data_index,
+                "peers": list(self.peers)}
+
+
+def layout(spec) -> dict[int, Role]:
+    """rank → Role for ``spec`` (a RunSpec); ConfigError for configurations that make no sense."""
+    c = spec.config
+    s = spec.strategy
+    roles: dict[int, Role] = {}
+    if s == "ps":
+        nw, ns = c["workers"], c["servers"]
+        servers = tuple(range(nw, nw + ns))
+        workers = tuple(range(nw))
+        for r in workers:
+            roles[r] = Role(rank=r, kind="worker", index=r, data_index=r, peers=servers)
+        for j, r in enumerate(servers):
+            roles[r] = Role(rank=r, kind="server", index=j, peers=workers)
+    elif s == "allreduce":
+        for r in range(c["workers"]):
+            roles[r] = Role(rank=r, kind="worker", index=r, data_index=r)
+    elif s == "stanza":
+        nc, nf = c["conv_workers"], c["fc_workers"]
+        if nf > nc:
+            raise ConfigError(f"stanza: {nf} FC workers for {nc} CONV workers — every FC worker needs at least one "
+                              "CONV worker (fc_workers <= conv_workers)")
+        for j in range(nf):
+            block = tuple(range(j * nc // nf, (j + 1) * nc // nf))
+            roles[nc + j] = Role(rank=nc + j, kind="fc_worker", index=j, peers=block)
+            for i in block:
+                roles[i] = Role(rank=i, kind="conv_worker", index=i, data_index=i, peers=(nc + j,))
+    elif s == "ralp":
+        nw = c["workers"]
+        for r in range(nw):
+            roles[r] = Role(rank=r, kind="worker", index=r, data_index=r, peers=(nw,))
+        roles[nw] = Role(rank=nw, kind="ps_worker", index=0, peers=tuple(range(nw)))
+    else:  # RunSpec rejects these already
+        raise ConfigError(f"unknown strategy {s!r}")
+    if len(roles) > MAX_LOCAL_RANKS:
+        raise ConfigError(f"{s}: {len(roles)} ranks is more than makes sense here (at most {MAX_LOCAL_RANKS})")
+    return dict(sorted(roles.items()))
+
+
+def world_size(spec) -> int:
+    return len(layout(spec))
+
+
+def data_workers(spec) -> int:
+    """n: how many ranks read inputs; the global batch is n × batch_size."""
+    return sum(1 for r in layout(spec).values() if r.data_index is not None)
+
+
+def global_batch(spec) -> int:
+    return data_workers(spec) * spec.batch_size
+
+
+def nodes_represented(spec) -> int:
+    """Machines the run stands for (RALP-H: 2·n_w; otherwise one per rank)."""
+    if spec.strategy == "ralp" and spec.config["ralp_setting"] == "H":
+        return 2 * spec.config["workers"]
+    return world_size(spec)
+
+
+def ps_shards(total: int, servers: int) -> list[tuple[int, int]]:
+    """[start, stop) of each server's shard of a flattened vector of ``total`` elements: contiguous,
+    balanced by element count (sizes differ by at most one)."""
+    if servers > total:
+        raise ConfigError(f"ps: {servers} servers for {total} parameters — more servers than parameters")
+    return [(j * total // servers, (j + 1) * total // servers) for j in range(servers)]

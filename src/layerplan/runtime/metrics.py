@@ -1,0 +1,198 @@
+"""What a run measures, per rank and per step, and the Measurement it adds up to.
+
+Per step and rank: wall time, compute time (forward, backward, optimizer, packing), communication
+time (time spent blocked in ``wait()`` or inside a collective), bytes sent and received, and the
+rank's part of the loss (the parts of one step sum to the global-batch mean loss).
+
+Bytes-counting rule (what the roles are *asked* to move, not TCP wire bytes):
+- point to point: ``numel · element_size`` of every tensor a rank sends / receives;
+- a collective (all-reduce, DDP's gradient buckets, DDP's buffer broadcast): the payload tensor's
+  bytes, once per call, counted as both sent and received by every participant. The wire traffic
+  of the algorithm is a multiple of it (ring all-reduce: 2·(n−1)/n × payload per rank), which the
+  cost model charges; the runtime reports the payload so the two can be compared.
+- checkpoint traffic (Stanza §5.3's FC parameter copies) is counted separately, not in the step.
+
+The Measurement (a plain dict, the schema of the cost engine's Prediction.to_dict where they
+overlap): strategy, model, config, world_size, nodes, roles {rank: kind}, batch_size,
+global_batch, steps (run in this process: [first, last]), warmup_steps, step_time_s (median over
+the steps after warm-up of the slowest rank's step wall time), throughput_samples_per_s,
+bytes_per_step {total, per_role {kind: sent bytes per rank per step}, per_rank [...]},
+breakdown {kind: {compute_s, comm_s}} (per step, median after warm-up, mean over the ranks of the
+kind), bottleneck (the kind with the largest compute time), loss [per step], step_times_s,
+checkpoint_bytes_sent.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+from typing import Any
+
+
+def nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+class Meter:
+    """Per-rank step records."""
+
+    def __init__(self, rank: int, kind: str):
+        self.rank = rank
+        self.kind = kind
+        self.records: list[dict[str, Any]] = []
+        self._cur: dict[str, Any] | None = None
+        self._t0 = 0.0
+        self.checkpoint_bytes_sent = 0
+
+    def start_step(self, step: int) -> None:
+        self._cur = {"step": step, "wall_s": 0.0, "compute_s": 0.0, "comm_s": 0.0, "sent_bytes": 0,
+                     "recv_bytes": 0, "loss": None}
+        self._t0 = time.perf_counter()
+
+    def end_step(self) -> dict[str, Any]:
+        assert self._cur is not None
+        self._cur["wall_s"] = time.perf_counter() - self._t0
+        rec, self._cur = self._cur, None
+        self.records.append(rec)
+        return rec
+
+    @contextmanager
+    def compute(self):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._cur is not None:
+                self._cur["compute_s"] += time.perf_counter() - t
+
+    @contextmanager
+    def comm(self):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._cur is not None:
+                self._cur["comm_s"] += time.perf_counter() - t
+
+    def add_time(self, what: str, seconds: float) -> None:
+        if self._cur is not None:
+            self._cur[what] += seconds
+
+    def sent(self, t_or_bytes) -> None:
+        if self._cur is not None:
+            self._cur["sent_bytes"] += t_or_bytes if isinstance(t_or_bytes, int) else nbytes(t_or_bytes)
+
+    def recv(self, t_or_bytes) -> None:
+        if self._cur is not None:
+            self._cur["recv_bytes"] += t_or_bytes if isinstance(t_or_bytes, int) else nbytes(t_or_bytes)
+
+    def collective(self, t_or_bytes) -> None:
+        """A collective's payload: sent and received once by this rank."""
+        self.sent(t_or_bytes)
+        self.recv(t_or_bytes)
+
+    def loss(self, part: float, shown: float | None = None) -> None:
+        """``part``: this rank's share of the global-batch mean loss (the shares of a step sum to
+        it); ``shown``: what the progress bar shows (the mean loss of the batch this rank saw)."""
+        if self._cur is not None:
+            self._cur["loss"] = (self._cur["loss"] or 0.0) + float(part)
+            if shown is not None:
+                self._cur["shown_loss"] = float(shown)
+
+    def fragment(self) -> dict[str, Any]:
+        return {"rank": self.rank, "kind": self.kind, "records": self.records,
+                "checkpoint_bytes_sent": self.checkpoint_bytes_sent}
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, global_batch: int) -> dict[str, Any]:
+    """Merge every rank's fragment into the Measurement dict (see the module docstring)."""
+    fragments = sorted(fragments, key=lambda f: f["rank"])
+    steps = sorted({r["step"] for f in fragments for r in f["records"]})
+    measured = steps[spec.warmup_steps:] if len(steps) > spec.warmup_steps else steps
+    by_step: dict[int, list[dict]] = {s: [] for s in steps}
+    for f in fragments:
+        for r in f["records"]:
+            by_step[r["step"]].append(r)
+    step_times = [max(r["wall_s"] for r in by_step[s]) for s in steps]
+    step_time = _median([max(r["wall_s"] for r in by_step[s]) for s in measured])
+    losses = []
+    for s in steps:
+        parts = [r["loss"] for r in by_step[s] if r["loss"] is not None]
+        losses.append(float(sum(parts)) if parts else None)
+
+    per_rank = []
+    kinds: dict[str, list[dict]] = {}
+    for f in fragments:
+        recs = [r for r in f["records"] if r["step"] in set(measured)] or f["records"]
+        row = {"rank": f["rank"], "role": f["kind"],
+               "sent": int(_median([r["sent_bytes"] for r in recs])),
+               "recv": int(_median([r["recv_bytes"] for r in recs])),
+               "compute_s": _median([r["compute_s"] for r in recs]),
+               "comm_s": _median([r["comm_s"] for r in recs])}
+        per_rank.append(row)
+        kinds.setdefault(f["kind"], []).append(row)
+    per_role = {k: int(round(statistics.fmean(r["sent"] for r in rows))) for k, rows in kinds.items()}
+    breakdown = {k: {"compute_s": statistics.fmean(r["compute_s"] for r in rows),
+                     "comm_s": statistics.fmean(r["comm_s"] for r in rows)} for k, rows in kinds.items()}
+    bottleneck = max(breakdown, key=lambda k: breakdown[k]["compute_s"]) if breakdown else None
+    return {
+        "kind": "measurement",
+        "strategy": spec.strategy,
+        "model": spec.model,
+        "config": dict(spec.config),
+        "world_size": len(roles),
+        "nodes": nodes,
+        "roles": {str(r): role.kind for r, role in roles.items()},
+        "data": spec.data,
+        "threads_per_rank": spec.threads_per_rank,
+        "batch_size": spec.batch_size,
+        "global_batch": global_batch,
+        "steps": [steps[0], steps[-1]] if steps else [],
+        "warmup_steps": spec.warmup_steps,
+        "step_time_s": step_time,
+        "throughput_samples_per_s": global_batch / step_time if step_time > 0 else 0.0,
+        "bytes_per_step": {"total": sum(r["sent"] for r in per_rank), "per_role": per_role, "per_rank": per_rank},
+        "breakdown": breakdown,
+        "bottleneck": bottleneck,
+        "loss": losses,
+        "step_times_s": step_times,
+        "checkpoint_bytes_sent": {str(f["rank"]): f["checkpoint_bytes_sent"] for f in fragments},
+    }
+
+
+class Progress:
+    """Rank 0's progress bar (rich): steps, loss (as far as rank 0 knows it), step time."""
+
+    def __init__(self, enabled: bool, total: int, start: int, label: str):
+        self._bar = None
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+        self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False,
+                                 console=Console(stderr=True))  # stdout stays clean for --json
+        self._task = self._bar.add_task(label, total=total, completed=start, info="")
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+    def update(self, rec: dict[str, Any]) -> None:
+        if self._bar is None:
+            return
+        info = f"step {rec['wall_s'] * 1e3:.0f} ms"
+        if rec.get("shown_loss") is not None:
+            info = f"loss {rec['shown_loss']:.4f} (rank 0's batch)  " + info
+        self._bar.update(self._task, advance=1, info=info)

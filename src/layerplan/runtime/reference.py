@@ -1,0 +1,79 @@
+"""The single-process reference a distributed run must equal: plain torch.optim.SGD on each
+step's global batch, built from the same data shards (``Sharder``) and the same initial weights.
+
+``chunked=True`` (default) evaluates the global-batch loss the way the strategy does — the model
+per data worker's K samples (ps, allreduce), the head per CONV worker and the tail per FC
+worker's block (stanza), the head and the tail per worker (ralp) — and sums the cross-entropy over
+the global batch divided by its size. For a network without batch-dependent layers this is the
+same function as one forward over the concatenated batch (``chunked=False``); with BatchNorm it
+reproduces the per-worker batch statistics that every data-parallel run without SyncBatchNorm
+has, so the comparison stays exact.
+
+Dropout draws from each rank's RNG, so exact comparisons need ``RunSpec.deterministic`` (p = 0).
+"""
+
+from __future__ import annotations
+
+
+def reference_run(spec, *, chunked: bool = True, net=None, factory=None) -> dict:
+    """{"params": {name: tensor}, "loss": [per step]} after ``spec.steps`` steps from step 0."""
+    import torch
+    import torch.nn.functional as F
+
+    from layerplan.runtime import model
+    from layerplan.runtime.data import Sharder, make_source
+    from layerplan.runtime.layout import data_workers, layout
+
+    net, module = model.build(spec, net, factory)
+    n = data_workers(spec)
+    k = spec.batch_size
+    g = n * k
+    sharder = Sharder(make_source(spec.data, net.input_shape, model.num_classes(net, spec), spec.seed), n, k, spec.seed,
+                      dtype=model.torch_dtype(spec))
+    opt = torch.optim.SGD(module.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+    split = None
+    groups: list[list[int]] = [[w] for w in range(n)]
+    if spec.strategy in ("stanza", "ralp") and chunked:
+        from layerplan.runtime.split import split_module
+
+        split = split_module(module, model.split_layer(spec, net))
+        if spec.strategy == "stanza":
+            roles = layout(spec)
+            groups = [[roles[c].data_index for c in r.peers] for r in roles.values() if r.kind == "fc_worker"]
+    losses = []
+    for s in range(spec.steps):
+        opt.zero_grad(set_to_none=True)
+        if not chunked:
+            x, y = sharder.global_batch(s)
+            loss = F.cross_entropy(module(x), y)
+        else:
+            batches = [sharder.batch(s, w) for w in range(n)]
+            loss = 0.0
+            if split is None:
+                for x, y in batches:
+                    loss = loss + F.cross_entropy(module(x), y, reduction="sum") / g
+            else:
+                hs = [split.head(x) for x, _ in batches]
+                for grp in groups:
+                    out = split.tail(torch.cat([hs[w] for w in grp]))
+                    y = torch.cat([batches[w][1] for w in grp])
+                    loss = loss + F.cross_entropy(out, y, reduction="sum") / g
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+    return {"params": {k: v.detach().clone() for k, v in module.named_parameters()}, "loss": losses}
+
+
+def load_params(params_out) -> dict:
+    """Merge the ``params-rank{r}.pt`` files of a run (``RunSpec.params_out``); on names held by several
+    ranks the lowest rank wins."""
+    from pathlib import Path
+
+    import torch
+
+    files = sorted(Path(params_out).glob("params-rank*.pt"), key=lambda p: int(p.stem.split("rank")[1]))
+    out: dict = {}
+    for f in files:
+        for k, v in torch.load(f, map_location="cpu").items():
+            out.setdefault(k, v)
+    return out

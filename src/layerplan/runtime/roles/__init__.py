@@ -1,0 +1,138 @@
+"""One file per strategy: the communication each rank performs in one training step.
+
+Every role follows the same contract (``RoleBase``): ``step(s)`` runs global step s (BSP: every
+rank's step s uses the parameters after step s−1), timing compute and communication and counting
+bytes in the rank's Meter; ``state_dict``/``load_state_dict`` hold what a checkpoint needs;
+``owned_params`` names the parameters this rank holds (for comparisons with the reference).
+
+gloo rules followed throughout (EMULATION.md): sends are ``isend`` (gloo's send is a rendezvous),
+every Work handle and its buffer stay referenced until ``wait()``, sources are explicit and every
+message carries a tag for its step and phase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PHASES = 16
+
+
+def tag(step: int, phase: int) -> int:
+    """Message tag of (step, phase): distinct within a window of 2^20 steps."""
+    return (step % (1 << 20)) * PHASES + phase
+
+
+@dataclass
+class Context:
+    spec: Any
+    rank: int
+    roles: dict
+    role: Any
+    net: Any
+    module: Any
+    device: Any
+    meter: Any
+    sharder: Any
+    global_batch: int
+
+
+class RoleBase:
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.meter = ctx.meter
+
+    def step(self, s: int) -> None:
+        raise NotImplementedError
+
+    def checkpoint_comm(self, s: int) -> None:
+        """Traffic a checkpoint needs before ranks write their files (Stanza §5.3)."""
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def owned_params(self) -> dict:
+        return {}
+
+    # ---- helpers -------------------------------------------------------------------------
+    def wait(self, works) -> None:
+        with self.meter.comm():
+            for w in works:
+                w.wait()
+
+    def isend(self, t, dst: int, tg: int, group=None):
+        import torch.distributed as dist
+
+        self.meter.sent(t)
+        return dist.isend(t, dst=dst, tag=tg, group=group)
+
+    def irecv(self, t, src: int, tg: int, group=None):
+        import torch.distributed as dist
+
+        self.meter.recv(t)
+        return dist.irecv(t, src=src, tag=tg, group=group)
+
+    def all_reduce(self, t, group=None) -> None:
+        import torch.distributed as dist
+
+        self.meter.collective(t)
+        with self.meter.comm():
+            dist.all_reduce(t, group=group)
+
+    def batch(self, s: int):
+        x, y = self.ctx.sharder.batch(s, self.ctx.role.data_index)
+        return x.to(self.ctx.device), y.to(self.ctx.device)
+
+    def inputs(self, s: int):
+        return self.ctx.sharder.inputs(s, self.ctx.role.data_index).to(self.ctx.device)
+
+    def labels_of(self, rank: int, s: int):
+        return self.ctx.sharder.labels(s, self.ctx.roles[rank].data_index).to(self.ctx.device)
+
+    def sgd(self, params):
+        import torch
+
+        sp = self.ctx.spec
+        return torch.optim.SGD(params, lr=sp.lr, momentum=sp.momentum, weight_decay=sp.weight_decay)
+
+
+def flat_grads(params):
+    """One contiguous vector of the gradients of ``params`` (zeros where a parameter got none)."""
+    import torch
+
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def set_grads(params, flat) -> None:
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[off:off + n].view_as(p).clone()
+        off += n
+
+
+def set_params(params, flat) -> None:
+    import torch
+
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[off:off + n].view_as(p))
+            off += n
+
+
+def flat_params(params):
+    import torch
+
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def make_role(ctx: Context) -> RoleBase:
+    from layerplan.runtime.roles import allreduce, ps, ralp, stanza
+
+    return {"ps": ps.make, "allreduce": allreduce.make, "stanza": stanza.make, "ralp": ralp.make}[ctx.spec.strategy](ctx)

@@ -1,0 +1,67 @@
+"""`layerplan train` as a user types it (the command group registers through cli._EXTENSIONS)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from layerplan import cli
+from layerplan.runtime.commands import register
+from layerplan.runtime.run_spec import RunSpec
+
+
+@pytest.fixture(autouse=True)
+def train_registered(monkeypatch):
+    if register not in cli._EXTENSIONS:
+        monkeypatch.setattr(cli, "_EXTENSIONS", [*cli._EXTENSIONS, register])
+
+
+@pytest.mark.dist
+def test_train_prints_json_measurement(capsys, tmp_path):
+    rc = cli.main(["train", "debug", "--strategy", "ps", "--workers", "2", "--servers", "1", "--steps", "3",
+                   "--batch-size", "4", "--json", "--metrics-out", str(tmp_path / "m.json"),
+                   "--spec-out", str(tmp_path / "spec.json")])
+    assert rc == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["strategy"] == "ps" and m["global_batch"] == 8 and m["steps"] == [0, 2] and len(m["loss"]) == 3
+    assert set(m["bytes_per_step"]["per_role"]) == {"worker", "server"}
+    assert json.loads((tmp_path / "m.json").read_text())["loss"] == m["loss"]
+    assert RunSpec.load(tmp_path / "spec.json").config == {"workers": 2, "servers": 1}
+
+
+def test_train_on_torchrun_writes_spec_and_prints_the_command(capsys, tmp_path):
+    out = tmp_path / "s.json"
+    rc = cli.main(["train", "debug", "--strategy", "ralp", "--workers", "3", "--on", "torchrun", "--spec-out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "torchrun --nproc-per-node 4 -m layerplan.runtime.worker --spec" in text
+    assert RunSpec.load(out).config == {"workers": 3, "split": None, "ralp_setting": "N"}
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["debug", "--strategy", "allreduce", "--servers", "2"], "--servers does not apply to allreduce"),
+    (["debug", "--strategy", "stanza", "--conv-workers", "1", "--fc-workers", "2"], "fc_workers <= conv_workers"),
+    (["debug", "--strategy", "stanza", "--split", "nope"], "not a layer"),
+    (["resnet_cifar", "--strategy", "ralp", "--split", "layer1.0.conv1"], "not single"),
+    (["nin", "--strategy", "stanza"], "stanza needs an FC phase"),
+    (["nin", "--strategy", "ralp"], "ralp needs an FC phase"),
+    (["debug", "--strategy", "stanza", "--split", "fc2"], "last layer"),
+
+    (["debug", "--strategy", "ps", "--workers", "100"], "more than makes sense"),
+    (["debug", "--strategy", "ps", "--data", "mnist"], "data must be"),
+    (["debug", "--strategy", "ps", "--data", "imagefolder:/nonexistent"], "not a directory"),
+    (["debug", "--strategy", "ps", "--resume"], "checkpoint_dir"),
+    (["debug", "--strategy", "ps", "--resume", "--checkpoint-dir", "/nonexistent"], "nothing to resume"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, words):
+    rc = cli.main(["train", *argv, "--on", "torchrun", "--spec-out", "/dev/null"])
+    err = capsys.readouterr().err
+    assert rc == 2 and words in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["--strategy", "gossip"], ["--strategy", "ps", "--workers", "0"]])
+def test_argparse_rejects(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "debug", *argv])
+    assert e.value.code == 2

@@ -1,0 +1,251 @@
+"""Distributed runs on gloo/CPU: every strategy equals single-process SGD on the global batch, sends
+exactly the bytes its schedule charges, survives kill -9 with an exact resume.
+
+Ranks are forked from the test process (``launch_local(start="fork")``: no second torch import);
+the CLI test and the fault test use the real ``python -m layerplan.runtime.worker`` processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from layerplan.runtime.launch import RunError, launch_local
+from layerplan.runtime.layout import layout, ps_shards
+from layerplan.runtime.model import resolve, split_layer
+from layerplan.runtime.reference import load_params, reference_run
+from layerplan.runtime.run_spec import RunSpec
+
+pytestmark = pytest.mark.dist
+
+CONFIGS = [
+    ("ps", {"workers": 2, "servers": 1}),
+    ("ps", {"workers": 3, "servers": 2}),
+    ("allreduce", {"workers": 2}),
+    ("allreduce", {"workers": 3}),
+    ("stanza", {"conv_workers": 2, "fc_workers": 1}),
+    ("stanza", {"conv_workers": 4, "fc_workers": 2}),
+    ("ralp", {"workers": 2}),
+    ("ralp", {"workers": 3}),
+]
+
+
+def make_spec(tmp_path, model, strategy, config, batch, steps=5, **kw):
+    kw.setdefault("timeout_s", 30.0)
+    return RunSpec(model=model, strategy=strategy, config=config, batch_size=batch, steps=steps, lr=0.02,
+                   momentum=0.9, deterministic=True, progress=False, params_out=str(tmp_path / "params"), **kw)
+
+
+def expected_sent(spec, net, module) -> dict[int, int]:
+    """Bytes each rank must send per step (metrics.py's counting rule), from the NetSpec."""
+    roles = layout(spec)
+    k = spec.batch_size
+    p_all = sum(p.numel() for p in module.parameters()) * net.dtype_bytes
+    assert p_all == net.param_bytes
+    out = {}
+    if spec.strategy == "ps":
+        nw = spec.config["workers"]
+        shards = ps_shards(net.total_params, spec.config["servers"])
+        for r, role in roles.items():
+            out[r] = p_all if role.kind == "worker" else nw * (shards[role.index][1] - shards[role.index][0]) * 4
+    elif spec.strategy == "allreduce":
+        bufs = sum(b.numel() * b.element_size() for b in module.buffers()) * net.dtype_bytes // \
+            next(module.parameters()).element_size()
+        out = {r: p_all + bufs for r in roles}
+    else:
+        cut = split_layer(spec, net)
+        act = net.layer(cut).out_bytes * k  # K·A values of the split layer
+        head = sum(layer.param_bytes for layer in net.head(cut))
+        tail = p_all - head
+        for r, role in roles.items():
+            if role.kind == "conv_worker":
+                out[r] = act + (head if spec.config["conv_workers"] > 1 else 0)
+            elif role.kind == "fc_worker":
+                out[r] = len(role.peers) * act + (tail if spec.config["fc_workers"] > 1 else 0)
+            elif role.kind == "worker":  # ralp
+                out[r] = act + head
+            else:  # ralp PS worker
+                out[r] = spec.config["workers"] * (act + head)
+    return out
+
+
+def check_run(tmp_path, model, strategy, config, batch, **kw):
+    spec = make_spec(tmp_path, model, strategy, config, batch, **kw)
+    m = launch_local(spec, run_dir=tmp_path / "run", start="fork")
+    ref = reference_run(spec)
+    got = load_params(tmp_path / "params")
+    assert set(got) == set(ref["params"])
+    for name, value in ref["params"].items():
+        torch.testing.assert_close(got[name], value, msg=lambda s: f"{strategy} {config} {name}: {s}")
+    torch.testing.assert_close(torch.tensor(m["loss"]), torch.tensor(ref["loss"]))
+    net, factory = resolve(spec)
+    scale = torch.empty(0, dtype=getattr(torch, spec.dtype)).element_size() // net.dtype_bytes
+    want = {r: b * scale for r, b in expected_sent(spec, net, factory().to(getattr(torch, spec.dtype))).items()}
+    sent = {row["rank"]: row["sent"] for row in m["bytes_per_step"]["per_rank"]}
+    assert sent == want
+    recv = {row["rank"]: row["recv"] for row in m["bytes_per_step"]["per_rank"]}
+    assert sum(recv.values()) == sum(sent.values())  # every byte sent is received (collectives: payload)
+    assert m["global_batch"] == batch * sum(1 for r in layout(spec).values() if r.data_index is not None)
+    assert m["world_size"] == len(layout(spec)) and m["steps"] == [0, 4]
+    assert set(m["breakdown"]) == {r.kind for r in layout(spec).values()}
+    assert m["step_time_s"] > 0 and m["throughput_samples_per_s"] > 0
+    return m
+
+
+@pytest.mark.parametrize("strategy, config", CONFIGS, ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}{x}" for k, x in v.items()))
+def test_debug_equals_single_process_sgd_and_sends_expected_bytes(tmp_path, strategy, config):
+    check_run(tmp_path, "debug", strategy, config, batch=3)
+
+
+FAST_ALEXNET = {("stanza", "conv_workers2-fc_workers1"), ("ralp", "workers2")}
+
+
+@pytest.mark.parametrize("strategy, config", [
+    pytest.param(s, c, marks=() if (s, "-".join(f"{k}{x}" for k, x in c.items())) in FAST_ALEXNET
+                 else pytest.mark.slow) for s, c in CONFIGS],
+    ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{x}" for k, x in v.items()))
+def test_alexnet_cifar_equals_single_process_sgd(tmp_path, strategy, config):
+    """float64, so that 'equal' means equal: in float32 the servers' shard sums round differently."""
+    check_run(tmp_path, "alexnet_cifar", strategy, config, batch=2, dtype="float64")
+
+
+@pytest.mark.parametrize("strategy, config", [("ralp", {"workers": 2, "split": "relu3"}),
+                                              ("stanza", {"conv_workers": 3, "fc_workers": 2, "split": "pool"})],
+                         ids=["ralp-split-relu3", "stanza-split-pool"])
+def test_a_chosen_split_layer_is_exact_too(tmp_path, strategy, config):
+    check_run(tmp_path, "debug", strategy, config, batch=3)
+
+
+BIG = [CONFIGS[1], CONFIGS[3], CONFIGS[5], CONFIGS[7]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, config", BIG, ids=["ps", "allreduce", "stanza", "ralp"])
+def test_vgg16_cifar_equals_single_process_sgd(tmp_path, strategy, config):
+    check_run(tmp_path, "vgg16_cifar", strategy, config, batch=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, config", BIG, ids=["ps", "allreduce", "stanza", "ralp"])
+def test_resnet_cifar_dag_equals_single_process_sgd_in_float64(tmp_path, strategy, config):
+    """ResNet-20 is a DAG with BatchNorm. BatchNorm over a worker's 2–8 samples amplifies rounding
+    (1/sqrt(var + eps) on near-constant channels, ReLUs flipping at 0): in float32 a 1-ulp
+    difference in the order the workers' gradients are summed grows to ~1e-3 in conv1 within 5
+    steps (the float32 single-process reference itself ends 3.6e-3 away from the same reference
+    in float64). In float64 rounding stays far below the default tolerances, so agreement shows
+    the distributed run computes exactly the reference's function."""
+    check_run(tmp_path, "resnet_cifar", strategy, config, batch=2, dtype="float64")
+
+
+def test_reference_chunking_changes_nothing_without_batchnorm():
+    spec = RunSpec(model="debug", strategy="stanza", config={"conv_workers": 2}, batch_size=3, steps=3,
+                   deterministic=True)
+    a, b = reference_run(spec), reference_run(spec, chunked=False)
+    for k in a["params"]:
+        torch.testing.assert_close(a["params"][k], b["params"][k])
+
+
+def test_digits_runs_repeat_exactly(tmp_path):
+    spec = make_spec(tmp_path, "debug", "ps", {"workers": 2}, 8, steps=4, data="digits")
+    m1 = launch_local(spec, start="fork")
+    m2 = launch_local(spec, start="fork")
+    assert m1["loss"] == m2["loss"]
+    torch.testing.assert_close(torch.tensor(m1["loss"]), torch.tensor(reference_run(spec)["loss"]))
+
+
+def test_stanza_checkpoints_send_fc_parameters_to_a_conv_worker(tmp_path):
+    spec = make_spec(tmp_path, "debug", "stanza", {"conv_workers": 4, "fc_workers": 2}, 2, steps=4,
+                     checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=2)
+    m = launch_local(spec, start="fork")
+    net, factory = resolve(spec)
+    tail_bytes = net.param_bytes - sum(x.param_bytes for x in net.head(split_layer(spec, net)))
+    assert m["checkpoint_bytes_sent"] == {"0": 0, "1": 0, "2": 0, "3": 0, "4": 2 * tail_bytes, "5": 2 * tail_bytes}
+    files = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert files == ["latest.json", "step-00000004"]
+    state = torch.load(tmp_path / "ck" / "step-00000004" / "ckpt-rank2.pt", weights_only=False)
+    assert state["role"]["fc_backup"]["fc_rank"] == 5 and state["data"]["step"] == 4
+    from layerplan.runtime.split import split_module
+
+    names = [n for n, _ in split_module(factory(), split_layer(spec, net)).tail.named_parameters()]
+    final = load_params(tmp_path / "params")
+    torch.testing.assert_close(state["role"]["fc_backup"]["params"], torch.cat([final[n].reshape(-1) for n in names]))
+
+
+def test_kill_9_names_the_rank_and_resume_is_exact(tmp_path):
+    spec = make_spec(tmp_path, "debug", "stanza", {"conv_workers": 2, "fc_workers": 1}, 3, steps=100_000,
+                     checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=3, timeout_s=10.0)
+    killed: dict[str, float] = {}
+
+    def on_spawn(pids, run_dir):
+        def killer():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    if int((run_dir / "hb-rank1").read_text()) >= 7:
+                        break
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.01)
+            killed["t"] = time.monotonic()
+            os.kill(pids[1], signal.SIGKILL)
+
+        threading.Thread(target=killer, daemon=True).start()
+
+    with pytest.raises(RunError) as e:
+        launch_local(spec, run_dir=tmp_path / "run", on_spawn=on_spawn)  # real worker processes
+    assert time.monotonic() - killed["t"] < 30
+    msg = str(e.value)
+    assert msg.startswith("rank 1 (conv_worker) was killed by SIGKILL") and "last good checkpoint: step" in msg
+    assert "\n" not in msg
+    done = int(msg.split("last good checkpoint: step ")[1].split()[0])
+    assert done >= 6 and done % 3 == 0
+
+    resumed = spec.replace(resume=True, steps=done + 3, params_out=str(tmp_path / "resumed"))
+    m = launch_local(resumed, start="fork")
+    assert m["steps"] == [done, done + 2]
+    straight = spec.replace(steps=done + 3, checkpoint_dir=None, checkpoint_every=0,
+                            params_out=str(tmp_path / "straight"))
+    launch_local(straight, start="fork")
+    a, b = load_params(tmp_path / "resumed"), load_params(tmp_path / "straight")
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("strategy, config", [("ps", {"workers": 2, "servers": 2}), ("allreduce", {"workers": 2}),
+                                              ("ralp", {"workers": 2})])
+def test_resume_is_exact_for_every_strategy(tmp_path, strategy, config):
+    ck = str(tmp_path / "ck")
+    first = make_spec(tmp_path, "debug", strategy, config, 3, steps=3, checkpoint_dir=ck)
+    launch_local(first, start="fork")
+    launch_local(first.replace(steps=6, resume=True, params_out=str(tmp_path / "a")), start="fork")
+    launch_local(first.replace(steps=6, checkpoint_dir=None, params_out=str(tmp_path / "b")), start="fork")
+    a, b = load_params(tmp_path / "a"), load_params(tmp_path / "b")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_a_failing_rank_is_reported_in_one_line(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    spec = make_spec(tmp_path, "debug", "ps", {"workers": 2}, 3, steps=2).replace(params_out=str(tmp_path / "file"))
+    with pytest.raises(RunError) as e:
+        launch_local(spec, start="fork")
+    msg = str(e.value)
+    assert msg.startswith("rank ") and "exited with code 1" in msg and "FileExistsError" in msg and "\n" not in msg
+
+
+def test_bad_input_fails_before_any_process_starts(tmp_path):
+    from layerplan.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="imagefolder"):
+        launch_local(make_spec(tmp_path, "debug", "ps", {"workers": 2}, 3, data="imagefolder:" + str(tmp_path / "x")))
+    with pytest.raises(ConfigError, match="not a layer"):
+        launch_local(make_spec(tmp_path, "debug", "stanza", {"conv_workers": 2, "split": "nope"}, 3))
+    with pytest.raises(ConfigError, match="threads_per_rank"):
+        launch_local(make_spec(tmp_path, "debug", "ps", {"workers": 2}, 3, threads_per_rank=2), start="fork")

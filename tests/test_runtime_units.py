@@ -1,0 +1,305 @@
+"""Runtime pieces that need no processes: RunSpec, layout, split, data, metrics, checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+from layerplan.errors import ConfigError, LayerplanError, SpecError
+from layerplan.runtime import checkpoint
+from layerplan.runtime.commands import attach_prediction
+from layerplan.runtime.data import DigitsSource, Sharder, SyntheticSource
+from layerplan.runtime.layout import data_workers, global_batch, layout, nodes_represented, ps_shards, world_size
+from layerplan.runtime.metrics import summarize
+from layerplan.runtime.run_spec import RunSpec
+from layerplan.runtime.split import disable_dropout, split_module
+
+
+def spec(**kw):
+    d = dict(model="debug", strategy="ps", config={"workers": 2})
+    d.update(kw)
+    return RunSpec(**d)
+
+
+# ---- RunSpec -------------------------------------------------------------------------------
+def test_runspec_json_round_trip_fills_config_defaults(tmp_path):
+    s = spec(strategy="stanza", config={"conv_workers": 4}, steps=7, lr=0.1, data="digits", deterministic=True)
+    assert s.config == {"conv_workers": 4, "fc_workers": 1, "split": None}
+    s.save(tmp_path / "s.json")
+    assert RunSpec.load(tmp_path / "s.json") == s
+    assert RunSpec.from_json(s.to_json()).to_dict() == s.to_dict()
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"colour": 1}, "unknown key"),
+    ({"steps": None}, "steps"),
+    ({"format": 9}, "format"),
+])
+def test_runspec_from_dict_is_strict(change, words):
+    d = spec().to_dict()
+    d.update(change)
+    with pytest.raises(SpecError, match=words):
+        RunSpec.from_dict(d)
+    d = spec().to_dict()
+    del d["seed"]
+    with pytest.raises(SpecError, match="missing key"):
+        RunSpec.from_dict(d)
+
+
+@pytest.mark.parametrize("kw, err, words", [
+    ({"strategy": "gossip"}, ConfigError, "unknown strategy"),
+    ({"config": {"workers": 0}}, ConfigError, "workers must be at least 1"),
+    ({"config": {"workers": 2, "servers": 2, "colour": 1}}, ConfigError, "unknown config key"),
+    ({"strategy": "allreduce", "config": {"workers": 2, "servers": 1}}, ConfigError, "servers"),
+    ({"strategy": "stanza", "config": {"fc_workers": 1}}, ConfigError, "conv_workers"),
+    ({"strategy": "ralp", "config": {"workers": 2, "ralp_setting": "X"}}, ConfigError, "ralp_setting"),
+    ({"batch_size": 0}, SpecError, "batch_size"),
+    ({"momentum": 1.0}, SpecError, "momentum"),
+    ({"lr": -1.0}, SpecError, "lr"),
+    ({"data": "cifar"}, SpecError, "data"),
+    ({"resume": True}, SpecError, "checkpoint_dir"),
+    ({"backend": "mpi"}, SpecError, "backend"),
+])
+def test_runspec_rejects_bad_values(kw, err, words):
+    with pytest.raises(err, match=words):
+        spec(**kw)
+
+
+# ---- layout --------------------------------------------------------------------------------
+def test_layouts():
+    ps = layout(spec(config={"workers": 3, "servers": 2}))
+    assert [r.kind for r in ps.values()] == ["worker"] * 3 + ["server"] * 2
+    assert ps[0].peers == (3, 4) and ps[4].peers == (0, 1, 2) and ps[4].index == 1
+    st = layout(spec(strategy="stanza", config={"conv_workers": 5, "fc_workers": 2}))
+    assert [r.kind for r in st.values()] == ["conv_worker"] * 5 + ["fc_worker"] * 2
+    assert st[5].peers == (0, 1) and st[6].peers == (2, 3, 4)  # contiguous blocks
+    assert [st[i].peers for i in range(5)] == [(5,), (5,), (6,), (6,), (6,)]
+    ra = spec(strategy="ralp", config={"workers": 3, "ralp_setting": "H"})
+    assert [r.kind for r in layout(ra).values()] == ["worker"] * 3 + ["ps_worker"]
+    assert world_size(ra) == 4 and nodes_represented(ra) == 6 and data_workers(ra) == 3
+    assert nodes_represented(ra.replace(config={"workers": 3, "ralp_setting": "N"})) == 4
+    assert global_batch(spec(strategy="allreduce", config={"workers": 3}, batch_size=5)) == 15
+
+
+def test_layout_rejects_nonsense():
+    with pytest.raises(ConfigError, match="fc_workers <= conv_workers"):
+        layout(spec(strategy="stanza", config={"conv_workers": 1, "fc_workers": 2}))
+    with pytest.raises(ConfigError, match="more than makes sense"):
+        layout(spec(strategy="allreduce", config={"workers": 500}))
+    with pytest.raises(ConfigError, match="more servers than parameters"):
+        ps_shards(3, 4)
+
+
+def test_ps_shards_are_contiguous_and_balanced():
+    for total, n in [(10, 3), (1106, 2), (7, 7), (1_000_003, 5)]:
+        sh = ps_shards(total, n)
+        assert sh[0][0] == 0 and sh[-1][1] == total
+        assert all(a[1] == b[0] for a, b in zip(sh, sh[1:]))
+        sizes = [b - a for a, b in sh]
+        assert max(sizes) - min(sizes) <= 1
+
+
+# ---- split ---------------------------------------------------------------------------------
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(nn.Dropout(0.5), nn.Linear(4 * 4 * 4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.fc = nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.tensor(2.0))  # read by the tail through get_attr
+
+    def forward(self, x):
+        x = self.relu(self.conv1(x))
+        y = self.relu(self.conv2(x))
+        return self.fc(torch.flatten((x + y).mean((2, 3)), 1)) * self.scale
+
+
+def test_split_is_exact_and_shares_parameters():
+    m = Small().eval()
+    s = split_module(m, "flatten")
+    x = torch.randn(5, 3, 8, 8)
+    assert torch.equal(s.tail(s.head(x)), m(x))
+    assert s.head.get_submodule("features.0").weight is m.features[0].weight
+    assert s.tail.get_submodule("classifier.3").bias is m.classifier[3].bias
+    assert {n for n, _ in s.head.named_parameters()} | {n for n, _ in s.tail.named_parameters()} == \
+        {n for n, _ in m.named_parameters()}
+
+
+def test_split_of_a_dag_and_repeated_module_names():
+    m = Residual()
+    x = torch.randn(2, 3, 6, 6)
+    for layer in ("add", "mean", "flatten", "relu_1"):
+        if layer == "relu_1":
+            with pytest.raises(ConfigError, match="not a single cut"):
+                split_module(m, layer)  # the residual input x still crosses
+            continue
+        s = split_module(m, layer)
+        assert torch.equal(s.tail(s.head(x)), m(x))
+    assert any(n == "scale" for n, _ in split_module(m, "add").tail.named_parameters())
+
+
+@pytest.mark.parametrize("layer, words", [("conv2", "not a single cut"), ("nope", "not a layer"),
+                                          ("mul", "last layer")])
+def test_split_errors(layer, words):
+    with pytest.raises(ConfigError, match=words):
+        split_module(Residual(), layer)
+
+
+def test_disable_dropout():
+    m = Small()
+    assert disable_dropout(m) == 1 and m.classifier[0].p == 0.0
+
+
+# ---- data ----------------------------------------------------------------------------------
+def test_synthetic_is_a_function_of_seed_and_index():
+    a, b = SyntheticSource((3, 4, 4), 10, seed=1), SyntheticSource((3, 4, 4), 10, seed=1)
+    assert torch.equal(a.inputs([5, 9]), b.inputs([5, 9]))
+    assert torch.equal(a.inputs([9])[0], b.inputs([5, 9])[1])
+    assert not torch.equal(a.inputs([5]), SyntheticSource((3, 4, 4), 10, seed=2).inputs([5]))
+    y = a.labels(list(range(200)))
+    assert y.min() >= 0 and y.max() < 10 and len(set(y.tolist())) == 10
+
+
+def test_sharding_union_is_the_global_batch_and_epochs_permute():
+    src = DigitsSource((3, 16, 16), 10)
+    assert src.size == 1797
+    sh = Sharder(src, workers=3, batch_size=7, seed=4)
+    x, y = sh.global_batch(2)
+    parts = [sh.batch(2, w) for w in range(3)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), x) and torch.equal(torch.cat([p[1] for p in parts]), y)
+    assert x.shape == (21, 3, 16, 16) and torch.equal(x[:, 0], x[:, 2])
+    assert abs(float(x.mean())) < 0.5
+    assert sh.indices(2, 0) == Sharder(DigitsSource((3, 16, 16), 10), 3, 7, 4).indices(2, 0)  # deterministic
+    steps_per_epoch = 1797 // 21 + 1
+    first_epoch = [i for s in range(steps_per_epoch) for w in range(3) for i in sh.indices(s, w)][:1797]
+    assert sorted(first_epoch) == list(range(1797))  # every sample once per epoch
+    assert sh.position(steps_per_epoch) == {"step": steps_per_epoch, "sample": steps_per_epoch * 21,
+                                            "epoch": 1, "offset": steps_per_epoch * 21 - 1797}
+    assert torch.equal(sh.labels(3, 1), sh.batch(3, 1)[1])
+
+
+def test_digits_rejects_unfit_networks():
+    with pytest.raises(ConfigError, match="10 classes"):
+        DigitsSource((3, 8, 8), 5)
+    with pytest.raises(ConfigError, match="image network"):
+        DigitsSource((64,), 10)
+
+
+# ---- metrics -------------------------------------------------------------------------------
+def test_summarize_medians_roles_and_losses():
+    s = spec(config={"workers": 2}, warmup_steps=1)
+    roles = layout(s)
+
+    def frag(rank, kind, sent, loss, walls):
+        return {"rank": rank, "kind": kind, "checkpoint_bytes_sent": 0, "records": [
+            {"step": i, "wall_s": w, "compute_s": w / 2, "comm_s": w / 4, "sent_bytes": sent, "recv_bytes": sent,
+             "loss": loss} for i, w in enumerate(walls)]}
+
+    m = summarize([frag(2, "server", 200, None, [9, 1, 2, 3]), frag(0, "worker", 100, 0.5, [9, 1, 1, 1]),
+                   frag(1, "worker", 100, 0.25, [9, 1, 1, 1])], s, roles, 3, 64)
+    assert m["step_time_s"] == 2 and m["throughput_samples_per_s"] == 32
+    assert m["loss"] == [0.75] * 4
+    assert m["bytes_per_step"]["per_role"] == {"worker": 100, "server": 200}
+    assert m["bytes_per_step"]["total"] == 400
+    assert m["breakdown"]["server"] == {"compute_s": 1.0, "comm_s": 0.5}
+    assert m["bottleneck"] == "server" and m["steps"] == [0, 3] and m["roles"] == {"0": "worker", "1": "worker",
+                                                                                  "2": "server"}
+    json.dumps(m)
+
+
+def test_attach_prediction_puts_both_side_by_side():
+    m = {"step_time_s": 2.0, "throughput_samples_per_s": 32.0,
+         "bytes_per_step": {"total": 400, "per_role": {"worker": 100}},
+         "breakdown": {"worker": {"compute_s": 1.0, "comm_s": 0.5}}}
+    p = {"step_time_s": 2.5, "throughput_samples_per_s": 25.6, "bytes_per_step": {"total": 400},
+         "breakdown": {"worker": {"compute_s": 0.5}}, "bottleneck": "worker"}
+    out = attach_prediction(m, p)
+    assert out["prediction"] is p
+    assert out["comparison"]["step_time_s"] == {"measured": 2.0, "predicted": 2.5, "rel_error": 0.25}
+    assert out["comparison"]["bytes_per_step.total"]["rel_error"] == 0.0
+    assert out["comparison"]["breakdown.worker.compute_s"]["rel_error"] == -0.5
+    assert "breakdown.worker.comm_s" not in out["comparison"]
+
+
+# ---- checkpoint files ----------------------------------------------------------------------
+def test_atomic_writes_leave_no_temporaries(tmp_path):
+    checkpoint.atomic_write_json(tmp_path / "latest.json", {"step": 3})
+    checkpoint.atomic_torch_save({"w": torch.ones(2)}, tmp_path / "ckpt-rank0.pt")
+    checkpoint.atomic_write_json(tmp_path / "latest.json", {"step": 4})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-rank0.pt", "latest.json"]
+    assert checkpoint.latest(tmp_path) == {"step": 4}
+    assert checkpoint.latest(tmp_path / "none") is None
+
+
+def test_resume_checks(tmp_path):
+    s = spec(checkpoint_dir=str(tmp_path), resume=True, steps=10)
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        checkpoint.check_resume(s, 3)
+    checkpoint.atomic_write_json(tmp_path / "latest.json", {"step": 4, "dir": "step-00000004", "world_size": 3,
+                                                            "spec": s.replace(seed=9).to_dict()})
+    with pytest.raises(ConfigError, match="seed"):
+        checkpoint.check_resume(s, 3)
+    checkpoint.atomic_write_json(tmp_path / "latest.json", {"step": 4, "dir": "step-00000004", "world_size": 3,
+                                                            "spec": s.replace(steps=4, lr=0.5).to_dict()})
+    assert checkpoint.check_resume(s, 3)["step"] == 4
+    with pytest.raises(ConfigError, match="nothing to do"):
+        checkpoint.check_resume(s.replace(steps=4), 3)
+    assert isinstance(ConfigError("x"), LayerplanError)
+
+
+# ---- split on the zoo (layer names from netspec.analyze) -------------------------------------
+@pytest.mark.parametrize("name", ["debug", "alexnet_cifar", "vgg16_cifar", "resnet_cifar"])
+def test_zoo_nets_split_exactly_at_their_boundary(name):
+    from layerplan.netspec import zoo
+    from layerplan.netspec.load import resolve_model
+
+    net, _ = resolve_model(name)
+    torch.manual_seed(0)
+    module, shape = zoo.build(name)
+    module.eval()
+    s = split_module(module, net.boundary)
+    x = torch.randn(2, *shape)
+    with torch.no_grad():
+        h = s.head(x)
+        assert torch.equal(s.tail(h), module(x))
+    assert tuple(h.shape[1:]) == net.layer(net.boundary).out_shape
+    head_params = sum(p.numel() for p in s.head.parameters())
+    assert head_params == sum(layer.params for layer in net.head(net.boundary))
+    assert head_params + sum(p.numel() for p in s.tail.parameters()) == net.total_params
+
+
+def test_every_netspec_cut_of_a_dag_splits_iff_it_is_single():
+    """The fx split and NetSpec.cut_is_single agree on every layer of ResNet-20 (shared ReLU calls
+    named relu, relu_1, ... as netspec.analyze names them)."""
+    from layerplan.netspec.load import resolve_model
+
+    net, factory = resolve_model("resnet_cifar")
+    module = factory().eval()
+    x = torch.randn(2, *net.input_shape)
+    with torch.no_grad():
+        want = module(x)
+    singles = 0
+    for i, layer in enumerate(net.layers[:-1]):
+        if net.cut_is_single(i):
+            s = split_module(module, layer.name)
+            with torch.no_grad():
+                assert torch.equal(s.tail(s.head(x)), want), layer.name
+            singles += 1
+        else:
+            with pytest.raises(ConfigError, match="not a single cut"):
+                split_module(module, layer.name)
+    assert singles >= 10
