@@ -134,7 +134,8 @@ def cmd_hardware(args: argparse.Namespace) -> int:
     return 0
 
 
-STRATEGY_OPTIONS = ("workers", "servers", "conv_workers", "fc_workers", "split", "algorithm", "setting")
+STRATEGY_OPTIONS = ("workers", "servers", "conv_workers", "fc_workers", "split", "algorithm", "setting", "groups",
+                    "machines")
 
 
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
@@ -147,6 +148,9 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--setting", choices=("N", "H"), help="ralp: RALP-N (N-1 workers) or RALP-H (N/2 workers)")
     g.add_argument("--algorithm", choices=("ring", "tree", "butterfly", "recursive_doubling", "one_to_all"),
                    help="allreduce: the all-reduce algorithm (default ring)")
+    g.add_argument("--machines", type=positive_int, metavar="N", help="groups: conv machines (default nodes − 2)")
+    g.add_argument("--groups", type=positive_int, metavar="G",
+                   help="groups: compute groups (default: the smallest g that saturates the FC server, Omnivore)")
 
 
 def strategy_options(args: argparse.Namespace) -> dict:
