@@ -7,14 +7,7 @@ import json
 import pytest
 
 from layerplan import cli
-from layerplan.runtime.commands import register
 from layerplan.runtime.run_spec import RunSpec
-
-
-@pytest.fixture(autouse=True)
-def train_registered(monkeypatch):
-    if register not in cli._EXTENSIONS:
-        monkeypatch.setattr(cli, "_EXTENSIONS", [*cli._EXTENSIONS, register])
 
 
 @pytest.mark.dist
@@ -26,7 +19,12 @@ def test_train_prints_json_measurement(capsys, tmp_path):
     m = json.loads(capsys.readouterr().out)
     assert m["strategy"] == "ps" and m["global_batch"] == 8 and m["steps"] == [0, 2] and len(m["loss"]) == 3
     assert set(m["bytes_per_step"]["per_role"]) == {"worker", "server"}
-    assert json.loads((tmp_path / "m.json").read_text())["loss"] == m["loss"]
+    saved = json.loads((tmp_path / "m.json").read_text())
+    assert saved["loss"] == m["loss"]
+    # the prediction stands beside the measurement, in the same terms, in stdout and in the file
+    assert saved["prediction"]["bytes_per_step"]["per_role"] == pytest.approx(m["bytes_per_step"]["per_role"], rel=0.02)
+    assert saved["comparison"]["step_time_s"]["measured"] == m["step_time_s"]
+    assert m["prediction"]["strategy"] == "ps" and m["prediction"]["config"] == {"workers": 2, "servers": 1}
     assert RunSpec.load(tmp_path / "spec.json").config == {"workers": 2, "servers": 1}
 
 
@@ -65,3 +63,46 @@ def test_argparse_rejects(capsys, argv):
     with pytest.raises(SystemExit) as e:
         cli.main(["train", "debug", *argv])
     assert e.value.code == 2
+
+
+def test_train_plan_runs_what_plan_wrote(capsys, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli.main(["plan", "alexnet_cifar", "--cluster", "local-cpu", "--nodes", "3", "--batch-size", "4",
+                     "--strategies", "stanza,ralp,ps", "-o", str(plan), "--json"]) == 0
+    planned = json.loads(plan.read_text())
+    capsys.readouterr()
+    out = tmp_path / "spec.json"
+    assert cli.main(["train", "--plan", str(plan), "--on", "torchrun", "--spec-out", str(out)]) == 0
+    spec = RunSpec.load(out)
+    assert (spec.model, spec.strategy, spec.batch_size) == ("alexnet_cifar", planned["strategy"], 4)
+    for key, value in planned["config"].items():
+        assert spec.config[{"setting": "ralp_setting"}.get(key, key)] == value
+
+
+def test_stanza_workers_means_conv_workers(tmp_path):
+    out = tmp_path / "spec.json"
+    assert cli.main(["train", "debug", "--strategy", "stanza", "--workers", "3", "--on", "torchrun",
+                     "--spec-out", str(out)]) == 0
+    assert RunSpec.load(out).config["conv_workers"] == 3
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--plan", "/nonexistent.json"], "cannot read plan file"),
+    ([], "give MODEL"),
+    (["debug"], "give --strategy"),
+    (["debug", "--strategy", "ps", "--cluster", "nosuch"], "unknown"),
+    (["debug", "--strategy", "ps", "--on", "mars"], "expected local, emulated"),
+])
+def test_bad_train_input_is_one_line_exit_2(capsys, argv, words):
+    with pytest.raises(SystemExit) if "--on" in argv else _nullcontext():
+        rc = cli.main(["train", *argv, "--spec-out", "/dev/null"])
+        err = capsys.readouterr().err
+        assert rc == 2 and words in err and err.count("\n") == 1, err
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -18,6 +18,7 @@ import torch
 from layerplan.runtime.launch import RunError, launch_local
 from layerplan.runtime.layout import layout, ps_shards
 from layerplan.runtime.model import resolve, split_layer
+from layerplan.runtime.predict import predict_run
 from layerplan.runtime.reference import load_params, reference_run
 from layerplan.runtime.run_spec import RunSpec
 
@@ -94,6 +95,12 @@ def check_run(tmp_path, model, strategy, config, batch, **kw):
     assert m["world_size"] == len(layout(spec)) and m["steps"] == [0, 4]
     assert set(m["breakdown"]) == {r.kind for r in layout(spec).values()}
     assert m["step_time_s"] > 0 and m["throughput_samples_per_s"] > 0
+    # The engine's schedule charges each role the bytes the runtime sends (payload rule), within 2%.
+    pred = predict_run(spec)
+    assert set(pred["bytes_per_step"]["per_role"]) == set(m["bytes_per_step"]["per_role"])
+    for role, sent_b in m["bytes_per_step"]["per_role"].items():
+        assert pred["bytes_per_step"]["per_role"][role] == pytest.approx(sent_b, rel=0.02), role
+    assert pred["bytes_per_step"]["total"] == pytest.approx(m["bytes_per_step"]["total"], rel=0.02)
     return m
 
 

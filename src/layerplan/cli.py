@@ -36,8 +36,8 @@ def int_list(text: str) -> list[int]:
     return vals
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL",
+def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("model", metavar="MODEL", **({} if required else {"nargs": "?", "default": None}),
                    help="a zoo name (see `layerplan zoo`), file.py:factory, package.module:factory, or a saved NetSpec .json")
     p.add_argument("--input-size", type=positive_int, metavar="S", help="input height = width in pixels (overrides the model's default)")
     p.add_argument("--num-classes", type=positive_int, metavar="C", help="number of output classes (overrides the model's default)")
@@ -381,7 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Later command groups (predict/plan/scale, train, cluster, ...) register themselves here.
-_EXTENSIONS: list[Callable[[argparse._SubParsersAction], None]] = []
+def _register_runtime(sub) -> None:
+    from layerplan.runtime.commands import register
+
+    register(sub)
+
+
+_EXTENSIONS: list[Callable[[argparse._SubParsersAction], None]] = [_register_runtime]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,7 @@ separate the conv part (large data, small model) from the FC part (small data, l
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -149,6 +149,17 @@ class NetSpec:
     def tail(self, split: str) -> tuple[LayerSpec, ...]:
         """Layers after ``split``."""
         return self.layers[self.index(split) + 1 :]
+
+    def with_dtype_bytes(self, dtype_bytes: int) -> "NetSpec":
+        """The same network stored in another element size (float64 runs, fp16 what-ifs): parameter
+        and activation bytes scale by dtype_bytes / self.dtype_bytes; FLOPs do not change."""
+        if dtype_bytes == self.dtype_bytes:
+            return self
+        if dtype_bytes not in (1, 2, 4, 8):
+            raise SpecError(f"network {self.name!r}: dtype_bytes must be 1, 2, 4 or 8, got {dtype_bytes!r}")
+        layers = tuple(replace(layer, param_bytes=layer.params * dtype_bytes,
+                               out_bytes=layer.activations * dtype_bytes) for layer in self.layers)
+        return replace(self, dtype_bytes=dtype_bytes, layers=layers)
 
     # ---- totals --------------------------------------------------------------------------
     @property

@@ -16,7 +16,7 @@ from layerplan.errors import ConfigError
 
 DEFAULT_WORKERS = 2
 STRATEGY_OPTIONS = {  # CLI option -> (config key, strategies it applies to)
-    "workers": ("workers", ("ps", "allreduce", "ralp")),
+    "workers": ("workers", ("ps", "allreduce", "ralp")),  # stanza: --workers means CONV workers
     "servers": ("servers", ("ps",)),
     "conv_workers": ("conv_workers", ("stanza",)),
     "fc_workers": ("fc_workers", ("stanza",)),
@@ -33,11 +33,14 @@ def register(subparsers) -> None:
         "train", help="run a strategy for real on torch.distributed and measure it",
         description="Train MODEL with a strategy on local processes (gloo on CPU): measured step time, "
                     "throughput, bytes per role per step, compute/communication time per role.")
-    add_model_args(p)
-    p.add_argument("--strategy", required=True, choices=STRATEGIES, help="ps | allreduce | stanza | ralp")
+    add_model_args(p, required=False)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--strategy", choices=STRATEGIES, help="ps | allreduce | stanza | ralp")
+    src.add_argument("--plan", metavar="PLAN.json",
+                     help="run what `layerplan plan -o PLAN.json` wrote (model, strategy, config, batch size)")
     g = p.add_argument_group("strategy configuration")
     g.add_argument("--workers", type=positive_int, metavar="N",
-                   help=f"ps/allreduce/ralp workers (ralp: plus one PS worker); default {DEFAULT_WORKERS}")
+                   help=f"ps/allreduce/ralp workers (ralp: plus one PS worker), stanza: CONV workers; default {DEFAULT_WORKERS}")
     g.add_argument("--servers", type=positive_int, metavar="N", help="ps: parameter servers (default 1)")
     g.add_argument("--conv-workers", type=positive_int, metavar="N", help=f"stanza: CONV workers (default {DEFAULT_WORKERS})")
     g.add_argument("--fc-workers", type=positive_int, metavar="N", help="stanza: FC workers (default 1)")
@@ -46,7 +49,8 @@ def register(subparsers) -> None:
     g.add_argument("--ralp-setting", choices=("N", "H"), help="ralp: RALP-N (N−1 workers) or RALP-H (N/2 workers)")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=positive_int, default=20, metavar="K", help="steps (default 20)")
-    t.add_argument("--batch-size", type=positive_int, default=32, metavar="B", help="samples per worker (default 32)")
+    t.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+                   help="samples per worker (default 32, or the plan's)")
     t.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     t.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     t.add_argument("--weight-decay", type=float, default=0.0, help="SGD weight decay (default 0)")
@@ -56,8 +60,13 @@ def register(subparsers) -> None:
     t.add_argument("--deterministic", action="store_true", help="disable dropout (runs equal single-process SGD)")
     t.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="parameter/activation type")
     r = p.add_argument_group("run")
-    r.add_argument("--on", choices=("local", "torchrun"), default="local",
-                   help="local: start the ranks here (default); torchrun: write the spec and print the torchrun command")
+    r.add_argument("--on", type=where, default="local", metavar="local|emulated[:NAME]|torchrun",
+                   help="local: start the ranks here (default); emulated[:NAME]: one rank per host of an emulated "
+                        "cluster (`layerplan cluster up`); torchrun: write the spec and print the torchrun command")
+    r.add_argument("--cluster", metavar="FILE|PRESET",
+                   help="predict with this cluster (e.g. the file `layerplan calibrate -o` wrote) instead of the "
+                        "built-in description of where the run happens")
+    r.add_argument("--no-predict", action="store_true", help="measure only; skip the prediction beside it")
     r.add_argument("--threads-per-rank", type=positive_int, default=1, metavar="T", help="torch threads per rank (default 1)")
     r.add_argument("--timeout", type=float, default=20.0, metavar="S",
                    help="seconds a rank waits for a peer before the run fails (default 20)")
@@ -72,9 +81,58 @@ def register(subparsers) -> None:
     COMMANDS["train"] = cmd_train
 
 
+def where(text: str) -> str:
+    """--on: local | torchrun | emulated | emulated:NAME."""
+    if text in ("local", "torchrun", "emulated") or (text.startswith("emulated:") and len(text) > 9):
+        return text
+    raise argparse.ArgumentTypeError(f"expected local, emulated[:NAME] or torchrun, got {text!r}")
+
+
+PLAN_TO_RUN = {  # plan (engine) config key -> RunSpec config key; None: not a runtime setting
+    "ps": {"workers": "workers", "servers": "servers"},
+    "allreduce": {"workers": "workers", "algorithm": None, "bucket_bytes": None},
+    "stanza": {"conv_workers": "conv_workers", "fc_workers": "fc_workers"},
+    "ralp": {"workers": "workers", "split": "split", "setting": "ralp_setting"},
+}
+
+
+def plan_args(args: argparse.Namespace) -> None:
+    """Fill model, strategy, config options and batch size from --plan (explicit options win)."""
+    from layerplan.plan.planner import Plan
+
+    plan = Plan.load(args.plan)
+    if plan.strategy not in PLAN_TO_RUN:
+        raise ConfigError(f"{args.plan}: the runtime cannot execute strategy {plan.strategy!r} yet "
+                          f"(it runs {', '.join(PLAN_TO_RUN)}); plan with --strategies {','.join(PLAN_TO_RUN)}")
+    if args.model is not None and args.model != plan.model:
+        raise ConfigError(f"{args.plan} is a plan for {plan.model!r}, not {args.model!r}")
+    args.model = plan.model
+    args.strategy = plan.strategy
+    for k in ("input_size", "num_classes", "batch_size"):
+        if getattr(args, k) is None:
+            setattr(args, k, getattr(plan, k))
+    for key, value in plan.config.items():
+        opt = PLAN_TO_RUN[plan.strategy].get(key)
+        if opt is not None and getattr(args, opt, None) is None:
+            setattr(args, opt, value)
+    args.plan_predicted = plan.predicted
+
+
 def spec_from_args(args: argparse.Namespace):
     from layerplan.runtime.run_spec import RunSpec
 
+    if getattr(args, "plan", None):
+        plan_args(args)
+    if args.model is None:
+        raise ConfigError("give MODEL (a zoo name, file.py:factory, module:factory) or --plan PLAN.json")
+    if args.strategy is None:
+        raise ConfigError("give --strategy (ps, allreduce, stanza, ralp) or --plan PLAN.json")
+    if args.batch_size is None:
+        args.batch_size = 32
+    if args.strategy == "stanza" and args.workers is not None:
+        if args.conv_workers is not None and args.conv_workers != args.workers:
+            raise ConfigError("stanza: --workers and --conv-workers both given and differ (they mean the same)")
+        args.conv_workers, args.workers = args.workers, None
     config: dict[str, Any] = {}
     for opt, (key, applies) in STRATEGY_OPTIONS.items():
         v = getattr(args, opt, None)
@@ -100,7 +158,27 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    return run_train(args, predictor=None)
+    return run_train(args, predictor=None if args.no_predict else make_predictor(args))
+
+
+def make_predictor(args: argparse.Namespace) -> Callable[[Any, dict], dict]:
+    """The engine's prediction for where the run happens: the --cluster file/preset if given, else
+    the emulated cluster's own spec, else ranks sharing this machine's cores over loopback."""
+
+    def predictor(spec, measurement: dict) -> dict:
+        from layerplan.hardware import resolve_cluster
+        from layerplan.runtime.predict import predict_run
+
+        cluster = None
+        if args.cluster:
+            cluster = resolve_cluster(args.cluster)
+        elif args.on.startswith("emulated"):
+            from layerplan.runtime import emulate
+
+            cluster = emulate.find(args.on.partition(":")[2] or "default").cluster_spec()
+        return predict_run(spec, cluster)
+
+    return predictor
 
 
 def run_train(args: argparse.Namespace, predictor: Callable[[Any, dict], dict] | None = None) -> int:
@@ -121,9 +199,22 @@ def run_train(args: argparse.Namespace, predictor: Callable[[Any, dict], dict] |
         print(f"wrote {path}; run it with:\n  torchrun --nproc-per-node {world_size(spec)} "
               f"-m layerplan.runtime.worker --spec {shlex.quote(str(Path(path)))}")
         return 0
-    m = launch_local(spec, quiet=args.json)
+    if args.cluster:  # a bad cluster file fails before any process starts
+        from layerplan.hardware import resolve_cluster
+
+        resolve_cluster(args.cluster)
+    if args.on.startswith("emulated"):
+        from layerplan.runtime.launch import launch_emulated
+
+        m = launch_emulated(spec, args.on.partition(":")[2] or "default", quiet=args.json)
+    else:
+        m = launch_local(spec, quiet=args.json)
     if predictor is not None:
         m = attach_prediction(m, predictor(spec, m))
+        if spec.metrics_out:  # the file carries the prediction and the error too
+            from layerplan.runtime.checkpoint import atomic_write_json
+
+            atomic_write_json(spec.metrics_out, m)
     if args.json:
         emit_json(m)
     else:
