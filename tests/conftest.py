@@ -49,3 +49,12 @@ def alexnetish():
         ("f7", "fc", 16_781_312, (4096,), 33_000_000),
         ("f8", "fc", 4_097_000, (1000,), 8_000_000),
     ))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_netspec_cache(tmp_path_factory):
+    """The on-disk cache of zoo analyses goes to a per-session directory (never the user's)."""
+    import os
+
+    os.environ["LAYERPLAN_CACHE_DIR"] = str(tmp_path_factory.mktemp("netspec-cache"))
+    yield

@@ -304,3 +304,39 @@ def test_file_is_imported_once_and_the_factory_called_once_for_the_analysis(tmp_
     assert calls == [1]
     assert factory()(torch.randn(2, 3, 2, 2)).shape == (2, 2)
     assert calls == [1, 1]
+
+
+def test_zoo_analyses_are_cached_on_disk_and_rebuild_the_module(tmp_path, monkeypatch):
+    from layerplan.netspec import load
+
+    monkeypatch.setenv("LAYERPLAN_CACHE_DIR", str(tmp_path))
+    load._resolve_cached.cache_clear()
+    net, _ = load.resolve_model("debug", num_classes=7)
+    assert len(list(tmp_path.glob("debug-*.json"))) == 1
+    load._resolve_cached.cache_clear()
+
+    def no_analysis(*a, **k):
+        raise AssertionError("analysed again")
+
+    monkeypatch.setattr(load, "_analyse", no_analysis)
+    again, factory = load.resolve_model("debug", num_classes=7)
+    assert again == net
+    assert sum(p.numel() for p in factory().parameters()) == net.total_params
+    load._resolve_cached.cache_clear()
+    monkeypatch.setenv("LAYERPLAN_NO_CACHE", "1")
+    with pytest.raises(AssertionError, match="analysed again"):
+        load.resolve_model("debug", num_classes=7)
+    load._resolve_cached.cache_clear()
+
+
+def test_a_corrupt_cache_entry_is_analysed_again(tmp_path, monkeypatch):
+    from layerplan.netspec import load
+
+    monkeypatch.setenv("LAYERPLAN_CACHE_DIR", str(tmp_path))
+    load._resolve_cached.cache_clear()
+    net, _ = load.resolve_model("debug")
+    (entry,) = tmp_path.glob("debug-*.json")
+    entry.write_text("{not json")
+    load._resolve_cached.cache_clear()
+    assert load.resolve_model("debug")[0] == net
+    load._resolve_cached.cache_clear()

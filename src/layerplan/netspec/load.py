@@ -61,6 +61,85 @@ def _resolve_cached(spec: str, input_size: int | None, num_classes: int | None,
                     batch_check: bool) -> tuple[NetSpec, ModuleFactory | None]:
     if spec.endswith(".json"):
         return _load_json(spec, input_size, num_classes), None
+    key = _disk_key(spec, input_size, num_classes, batch_check)
+    cached = _disk_load(key)
+    if cached is not None:
+        return cached, functools.partial(_build_lazily, spec, input_size, num_classes)
+    net, factory = _analyse(spec, input_size, num_classes, batch_check)
+    if key is not None:
+        _disk_save(key, net)
+    return net, factory
+
+
+# ---- the on-disk cache of zoo analyses ---------------------------------------------------------
+# A zoo network is layerplan's own code: its NetSpec depends only on the name, the overrides, the
+# torch/torchvision versions and layerplan's analysis code. Caching it lets repeat commands skip
+# importing torch altogether. LAYERPLAN_CACHE_DIR moves it; LAYERPLAN_NO_CACHE=1 turns it off.
+_ANALYSIS_SOURCES = ("analyze.py", "zoo.py", "spec.py", "load.py")
+
+
+def cache_dir() -> Path | None:
+    import os
+
+    if os.environ.get("LAYERPLAN_NO_CACHE"):
+        return None
+    if os.environ.get("LAYERPLAN_CACHE_DIR"):
+        return Path(os.environ["LAYERPLAN_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "layerplan" / "netspec"
+
+
+def _disk_key(spec: str, input_size: int | None, num_classes: int | None, batch_check: bool) -> str | None:
+    """A key for zoo names only (file and module factories are the user's code: never cached)."""
+    import hashlib
+    from importlib import metadata
+
+    if ":" in spec or "/" in spec or spec.endswith(".py") or cache_dir() is None:
+        return None
+    h = hashlib.sha256()
+    try:
+        versions = [metadata.version(d) for d in ("torch", "torchvision")]
+    except metadata.PackageNotFoundError:
+        return None
+    here = Path(__file__).parent
+    for name in _ANALYSIS_SOURCES:
+        h.update((here / name).read_bytes())
+    h.update(repr((spec, input_size, num_classes, batch_check, versions)).encode())
+    return f"{spec}-{h.hexdigest()[:20]}"
+
+
+def _disk_load(key: str | None) -> NetSpec | None:
+    if key is None:
+        return None
+    path = cache_dir() / f"{key}.json"
+    try:
+        return NetSpec.from_json(path.read_text(), where=str(path))
+    except (OSError, LayerplanError):  # absent, unreadable or stale: analyse again
+        return None
+
+
+def _disk_save(key: str, net: NetSpec) -> None:
+    import os
+    import tempfile
+
+    d = cache_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(net.to_json())
+        os.replace(tmp, d / f"{key}.json")
+    except OSError:
+        pass  # a read-only home only costs speed
+
+
+def _build_lazily(spec: str, input_size: int | None, num_classes: int | None) -> Any:
+    factory, _, _, _ = _module_source(spec, input_size, num_classes)
+    return _build(factory, spec, meta=False)
+
+
+def _analyse(spec: str, input_size: int | None, num_classes: int | None,
+             batch_check: bool) -> tuple[NetSpec, ModuleFactory]:
     from layerplan.netspec.analyze import analyze
 
     factory, input_shape, source, target = _module_source(spec, input_size, num_classes)
