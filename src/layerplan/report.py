@@ -172,10 +172,9 @@ def print_cluster(c) -> None:
 # ---- predictions and plans -------------------------------------------------------------------
 def config_text(config: Any) -> str:
     """'workers=7 servers=1' from a config dataclass or dict."""
-    from dataclasses import asdict, is_dataclass
+    from layerplan.plan.planner import config_text as text
 
-    d = asdict(config) if is_dataclass(config) else dict(config)
-    return " ".join(f"{k}={v}" for k, v in d.items() if k not in ("bucket_bytes",))
+    return text(config)
 
 
 def prediction_dict(net: NetSpec, cluster, strategy: str, config: dict, batch: int, pred) -> dict[str, Any]:
@@ -192,13 +191,21 @@ def print_prediction(doc: dict[str, Any], pred) -> None:
             f"{doc['batch_size']} samples/worker, global batch {doc['global_batch']}")
     c.print(f"step time {units.format_seconds(pred.step_time_s)} · throughput "
             f"{pred.throughput_samples_per_s:,.1f} samples/s · bottleneck: {pred.bottleneck}")
+    memory = getattr(pred, "memory_bytes_per_role", {})
+    cap = getattr(pred, "device_memory_bytes", 0.0)
     t = Table(title="per role (one node of each)", title_justify="left")
-    for col in ("role", "nodes", "compute", "communication", "sent/step", "received/step"):
+    cols = ["role", "nodes", "compute", "communication", "sent/step", "received/step"]
+    if memory:
+        cols.append(f"memory (of {units.format_bytes(cap, binary=True, digits=3)})" if cap else "memory")
+    for col in cols:
         t.add_column(col, justify="left" if col == "role" else "right")
     for role, b in pred.breakdown.items():
-        t.add_row(role, str(pred.groups[role]), units.format_seconds(b["compute_s"]), units.format_seconds(b["comm_s"]),
-                  units.format_bytes(pred.bytes_sent_per_node.get(role, 0)),
-                  units.format_bytes(pred.bytes_received_per_node.get(role, 0)))
+        row = [role, str(pred.groups[role]), units.format_seconds(b["compute_s"]), units.format_seconds(b["comm_s"]),
+               units.format_bytes(pred.bytes_sent_per_node.get(role, 0)),
+               units.format_bytes(pred.bytes_received_per_node.get(role, 0))]
+        if memory:
+            row.append(units.format_bytes(memory.get(role, 0), binary=True, digits=3))
+        t.add_row(*row)
     c.print(t)
     c.print(f"bytes on the network per step: {units.format_bytes(pred.total_bytes)}")
 
@@ -224,6 +231,7 @@ def plan_dict(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str]
                     "speedup_vs_ring_allreduce": r.throughput / ring.throughput if ring else None,
                     "bottleneck": r.prediction.bottleneck} for i, r in enumerate(rows)],
         "not_applicable": skipped,
+        "skipped": dict(getattr(ranked, "skipped", {})),
     }
 
 
@@ -239,7 +247,25 @@ def print_plan(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str
                   style="bold green" if i == 0 else None)
     console().print(t)
     for name, why in skipped.items():
-        console().print(f"  {name}: not applicable — {why}")
+        console().print(f"  {name}: not applicable — {why}", markup=False, soft_wrap=True)
+    for line in skipped_lines(getattr(ranked, "skipped", {})):
+        console().print(line, markup=False, soft_wrap=True)
+
+
+def skipped_lines(skipped: Mapping[str, str]) -> list[str]:
+    """One line per strategy with configs left out: how many, and the first one's reason."""
+    by_strategy: dict[str, list[tuple[str, str]]] = {}
+    for key, why in skipped.items():
+        strategy, _, config = key.partition(" ")
+        by_strategy.setdefault(strategy, []).append((config, why))
+    out = []
+    for strategy, rows in by_strategy.items():
+        config, why = rows[0]
+        why = why.removeprefix(f"{strategy}: ")
+        n = len(rows)
+        what = f"{n} configs skipped, e.g. {config}" if n > 1 else f"{config} skipped"
+        out.append(f"  {strategy}: {what} — {why}")
+    return out
 
 
 def print_scaling(curves, strong: bool) -> None:

@@ -25,6 +25,13 @@ Layer time, PALEO §3.1.1 eq.1: ``T(u) = R(Pa(u)) + C(f, d) + W(f, d)``.
 
 A DAG on one device runs its branches one after another, so a phase's time is the sum of its
 layers' times (PALEO §3.1: a sequential device executes parallel branches sequentially).
+
+Memory (``MemoryUse``, ``training_memory``, ``server_memory``): the peak bytes one node holds —
+parameters, gradients, optimizer state, the outputs of the layers it runs for the samples it
+processes (PALEO §3.1.1: backward reads them), the inputs of those samples, and communication
+buffers. Every strategy says this per role; a config whose peak exceeds ``DeviceSpec.memory_bytes``
+is infeasible (Stanza §4.2 assigns nodes within the GPUs' memory). Outputs are counted as the
+NetSpec gives them, in-place activations included: an upper bound.
 """
 
 from __future__ import annotations
@@ -182,6 +189,129 @@ def fwd_bwd_time_s(net: NetSpec, layers: Sequence[LayerSpec], device: DeviceSpec
 
 
 # ---- memory --------------------------------------------------------------------------------------
+# Peak device memory of one node (PALEO §3.1.1 keeps every output that backward reads; Stanza §4.2
+# assigns nodes under the GPU's memory). A node holds, at the end of its forward pass (the peak:
+# backward frees activations as it goes): its parameters, their gradients, the optimizer state,
+# the outputs of every layer it runs for the samples it processes, the inputs of those samples
+# (the network input, or activations received from another node) and its communication buffers.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryUse:
+    """Peak device memory of one node of a role, by what holds it (bytes, the NetSpec's dtype)."""
+
+    parameters_bytes: float = 0.0
+    """Parameters the node holds (a replica, a phase, a shard or a partition)."""
+    gradients_bytes: float = 0.0
+    """Their gradients (on a server: the sum of the pushed gradients)."""
+    optimizer_bytes: float = 0.0
+    """Optimizer state: SGD momentum = one buffer per parameter the node updates."""
+    activations_bytes: float = 0.0
+    """Outputs of the layers the node runs, kept for backward: Σ out_bytes × samples."""
+    inputs_bytes: float = 0.0
+    """Inputs of those samples kept for backward: the network input batch, or the activations
+    received from other nodes (Stanza's boundary activations, RALP's split layer)."""
+    buffers_bytes: float = 0.0
+    """Communication buffers: a flat gradient for an all-reduce (DDP's buckets), received gradient
+    or parameter messages, gathered activations."""
+    samples: int = 0
+    """Samples whose activations the node keeps at once."""
+
+    def __post_init__(self) -> None:
+        for f in ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "inputs_bytes",
+                  "buffers_bytes", "samples"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"memory use: {f} must be a finite non-negative number, got {v!r}")
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.inputs_bytes + self.buffers_bytes)
+
+    def __add__(self, other: "MemoryUse") -> "MemoryUse":
+        """Two things one node does (RALP's PS worker: the tail's training and the head's server)."""
+        if not isinstance(other, MemoryUse):
+            return NotImplemented
+        return MemoryUse(parameters_bytes=self.parameters_bytes + other.parameters_bytes,
+                         gradients_bytes=self.gradients_bytes + other.gradients_bytes,
+                         optimizer_bytes=self.optimizer_bytes + other.optimizer_bytes,
+                         activations_bytes=self.activations_bytes + other.activations_bytes,
+                         inputs_bytes=self.inputs_bytes + other.inputs_bytes,
+                         buffers_bytes=self.buffers_bytes + other.buffers_bytes, samples=max(self.samples, other.samples))
+
+    def to_dict(self) -> dict[str, float]:
+        return {"parameters_bytes": self.parameters_bytes, "gradients_bytes": self.gradients_bytes,
+                "optimizer_bytes": self.optimizer_bytes, "activations_bytes": self.activations_bytes,
+                "inputs_bytes": self.inputs_bytes, "buffers_bytes": self.buffers_bytes, "samples": self.samples,
+                "total_bytes": self.total_bytes}
+
+    def describe(self) -> str:
+        """'parameters 528 MiB, gradients 528 MiB, …, activations 1.8 GiB for 32 samples' (parts > 0)."""
+        parts = []
+        for label, v in (("parameters", self.parameters_bytes), ("gradients", self.gradients_bytes),
+                         ("momentum", self.optimizer_bytes), ("activations", self.activations_bytes),
+                         ("inputs", self.inputs_bytes), ("buffers", self.buffers_bytes)):
+            if v > 0:
+                text = f"{label} {_gib_text(v)}"
+                if label == "activations" and self.samples:
+                    text += f" for {self.samples} samples"
+                parts.append(text)
+        return ", ".join(parts)
+
+
+def _gib_text(n: float) -> str:
+    """Binary units, 3 significant digits ('13.2 GiB'); 4 where 3 would print an exponent (1016 MiB)."""
+    text = units.format_bytes(n, binary=True, digits=3)
+    return units.format_bytes(n, binary=True, digits=4) if "e+" in text else text
+
+
+def activation_bytes(layers: Sequence[LayerSpec], samples: int) -> int:
+    """Outputs of ``layers`` kept for backward: Σ out_bytes × samples."""
+    return sum(layer.out_bytes for layer in layers) * samples  # PALEO §3.1.1: each output a later backward reads stays resident
+
+
+def entering_bytes(net: NetSpec, layers: Sequence[LayerSpec]) -> int:
+    """Bytes per sample that enter ``layers`` from outside: the network input (when one of them
+    reads it) and the outputs of parents that are not among them (another node's activations)."""
+    names = {layer.name for layer in layers}
+    outside: set[str] = set()
+    reads_input = False
+    for layer in layers:
+        if not layer.parents:
+            reads_input = True
+        outside.update(p for p in layer.parents if p not in names)
+    per_sample = sum(net.layer(p).out_bytes for p in outside)
+    if reads_input:
+        per_sample += math.prod(net.input_shape) * net.dtype_bytes
+    return per_sample
+
+
+def training_memory(net: NetSpec, layers: Sequence[LayerSpec], samples: int, *, param_share: float = 1.0,
+                    optimizer_slots: int = 1, buffers_bytes: float = 0.0, inputs_bytes: float | None = None) -> MemoryUse:
+    """Memory of a node that runs forward and backward of ``layers`` for ``samples`` samples.
+
+    ``param_share``: the share of the layers' parameters it holds (1/n for a partition).
+    ``optimizer_slots``: copies of those parameters in optimizer state (momentum SGD = 1, Adam = 2,
+    0 when a server updates them). ``inputs_bytes``: what it keeps of its inputs (default: the bytes
+    entering ``layers`` from outside × ``samples``). ``buffers_bytes``: communication buffers."""
+    if optimizer_slots < 0 or samples < 0 or buffers_bytes < 0 or param_share < 0:
+        raise ConfigError("memory: optimizer_slots, samples, buffers_bytes and param_share must be non-negative")
+    params = sum(layer.param_bytes for layer in layers) * param_share
+    return MemoryUse(parameters_bytes=params, gradients_bytes=params, optimizer_bytes=params * optimizer_slots,
+                     activations_bytes=activation_bytes(layers, samples),
+                     inputs_bytes=entering_bytes(net, layers) * samples if inputs_bytes is None else inputs_bytes,
+                     buffers_bytes=buffers_bytes, samples=samples)
+
+
+def server_memory(param_bytes: float, pushers: int, *, optimizer_slots: int = 1) -> MemoryUse:
+    """A parameter server holding ``param_bytes`` of parameters: the parameters, the summed
+    gradient, the optimizer state, and one receive buffer per node that pushes a gradient to it at
+    once (runtime/roles/ps.py posts a receive per worker; the engine runs the pushes together)."""
+    if pushers < 0 or param_bytes < 0 or optimizer_slots < 0:
+        raise ConfigError("memory: param_bytes, pushers and optimizer_slots must be non-negative")
+    return MemoryUse(parameters_bytes=param_bytes, gradients_bytes=param_bytes, optimizer_bytes=param_bytes * optimizer_slots,
+                     buffers_bytes=param_bytes * pushers)
+
+
 def peak_memory_bytes(net: NetSpec, layers: Sequence[LayerSpec], batch: int, *, optimizer_slots: int = 1,
                       comm_buffer_bytes: float = 0, dtype_bytes: int | None = None) -> int:
     """Device memory a node needs to train ``layers`` at ``batch`` samples:
@@ -191,31 +321,21 @@ def peak_memory_bytes(net: NetSpec, layers: Sequence[LayerSpec], batch: int, *, 
     inputs that enter ``layers`` from outside: the network input or another node's activations)
     + communication buffers (e.g. a bucket being all-reduced, received activations), in bytes as
     given. ``dtype_bytes``: bytes per value to train in (None = the spec's ``net.dtype_bytes``).
+    ``training_memory`` gives the same figure by part.
     """
     if optimizer_slots < 0 or comm_buffer_bytes < 0 or batch < 0:
         raise ConfigError("peak memory: optimizer_slots, comm_buffer_bytes and batch must be non-negative")
-    names = {layer.name for layer in layers}
-    params = sum(layer.param_bytes for layer in layers)
-    weights = params * (2 + optimizer_slots)  # SYSTEMS.md §1: parameters + gradients + optimizer slots
-    sizes = {layer.name: layer.out_bytes for layer in net.layers}
-    outside: set[str] = set()
-    reads_input = False
-    for layer in layers:
-        if not layer.parents:
-            reads_input = True
-        outside.update(p for p in layer.parents if p not in names)
-    per_sample = sum(layer.out_bytes for layer in layers) + sum(sizes[p] for p in outside)
-    if reads_input:
-        per_sample += math.prod(net.input_shape) * net.dtype_bytes
-    activations = per_sample * batch  # PALEO §3.1.1: every output a later backward reads stays resident
-    return int((weights + activations) * _scale(net, dtype_bytes) + comm_buffer_bytes)
+    m = training_memory(net, layers, batch, optimizer_slots=optimizer_slots)
+    return int(m.total_bytes * _scale(net, dtype_bytes) + comm_buffer_bytes)
 
 
-def check_fits(nbytes: float, device: DeviceSpec, what: str) -> None:
-    """Raise ConfigError when ``nbytes`` do not fit in ``device``'s memory."""
+def check_fits(nbytes: float, device: DeviceSpec, what: str, detail: str = "") -> None:
+    """Raise ConfigError when ``nbytes`` do not fit in ``device``'s memory (``detail``: what the
+    bytes are, added in parentheses)."""
     if nbytes > device.memory_bytes:
-        raise ConfigError(f"{what} needs {units.format_bytes(nbytes, binary=True, digits=3)} on a "
-                          f"{units.format_bytes(device.memory_bytes, binary=True, digits=3)} {device.name}")
+        raise ConfigError(f"{what} needs {_gib_text(nbytes)} on a {_gib_text(device.memory_bytes)} {device.name}"
+                          + (f" ({detail})" if detail else ""))
 
 
-__all__ = ["ConvGeometry", "check_fits", "fwd_bwd_time_s", "input_bytes", "layer_time_s", "peak_memory_bytes", "phase_time_s"]
+__all__ = ["ConvGeometry", "MemoryUse", "activation_bytes", "check_fits", "entering_bytes", "fwd_bwd_time_s", "input_bytes",
+           "layer_time_s", "peak_memory_bytes", "phase_time_s", "server_memory", "training_memory"]

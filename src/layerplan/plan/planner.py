@@ -5,12 +5,18 @@ Candidates come from each strategy's own optimizer where the papers give one (St
 assignment by eq.3–5, ranked in closed form first; RALP's profiler split; the number of PS shards
 from eq.6) and from the strategy's space otherwise. Only the finalists are simulated, so planning
 a 1,024-node cluster stays well under a second.
+
+Configs that cannot run are skipped, with the reason: a role whose peak memory exceeds the
+device's (``strategies.predict`` checks every role, PALEO/Stanza memory), or any other
+ConfigError. ``rank`` returns a ``Ranking`` (a list) whose ``skipped`` maps "strategy config" to
+that reason; ``why_not`` gives the same reasons (memory only, nothing simulated) when told the
+batch.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,34 +42,72 @@ class Ranked:
         return self.prediction.throughput_samples_per_s
 
 
-def candidates(net: NetSpec, cluster: ClusterSpec, batch: int, strategy: str) -> list[Any]:
+class Ranking(list):
+    """``Ranked`` plans, best first, and ``skipped``: "strategy config" → why it was left out."""
+
+    def __init__(self, items=(), skipped: dict[str, str] | None = None) -> None:
+        super().__init__(items)
+        self.skipped: dict[str, str] = dict(skipped or {})
+
+
+def config_text(config: Any) -> str:
+    """'workers=7 servers=1' from a config dataclass or dict."""
+    d = asdict(config) if is_dataclass(config) else dict(config)
+    return " ".join(f"{k}={v}" for k, v in d.items() if k not in ("bucket_bytes",))
+
+
+def config_key(strategy: str, config: Any) -> str:
+    """'ps workers=7 servers=1': how a skipped config is named."""
+    return f"{strategy} {config_text(config)}"
+
+
+def candidates(net: NetSpec, cluster: ClusterSpec, batch: int, strategy: str,
+               skipped: dict[str, str] | None = None) -> list[Any]:
+    """The configs of ``strategy`` worth simulating. ``skipped``, when given, receives the Stanza
+    node assignments left out because they do not fit in memory."""
     s = strategies.get(strategy)
     if s.applies(net):
         return []
     if strategy == "stanza":
         from layerplan.plan.assign import stanza_assignment
+        from layerplan.strategies.stanza import StanzaConfig
 
-        return [a.config for a in stanza_assignment(net, cluster, batch)[:STANZA_FINALISTS]]
+        why: dict[int, str] = {}
+        found = [a.config for a in stanza_assignment(net, cluster, batch, skipped=why)[:STANZA_FINALISTS]]
+        if skipped is not None:
+            for n_f, reason in why.items():
+                skipped[config_key(strategy, StanzaConfig(conv_workers=cluster.nodes - n_f, fc_workers=n_f))] = reason
+        return found
     return s.space(net, cluster, batch)
 
 
-def rank(net: NetSpec, cluster: ClusterSpec, batch: int, names: Sequence[str] | None = None) -> list[Ranked]:
+def rank(net: NetSpec, cluster: ClusterSpec, batch: int, names: Sequence[str] | None = None) -> Ranking:
     """Every applicable strategy × candidate config, best predicted throughput first. Configs the
-    engine rejects (memory, constraints) are left out."""
-    out = []
+    engine rejects (a role that does not fit in memory, other constraints) are left out and listed
+    in the result's ``skipped``. Raises ConfigError, with the first reason, when there were
+    candidates and every one was left out."""
+    out = Ranking()
     for name in names or list(strategies.STRATEGIES):
-        for config in candidates(net, cluster, batch, name):
+        for config in candidates(net, cluster, batch, name, out.skipped):
             try:
                 pred = strategies.predict(net, cluster, name, config, batch)
-            except ConfigError:
+            except ConfigError as e:
+                out.skipped[config_key(name, config)] = str(e)
                 continue
             out.append(Ranked(strategy=name, config=config, prediction=pred))
     out.sort(key=lambda r: -r.throughput)
+    if not out and out.skipped:
+        key, why = next(iter(out.skipped.items()))
+        more = len(out.skipped) - 1
+        raise ConfigError(f"no config fits: {key}: {why}" + (f" (and {more} more skipped)" if more else ""))
     return out
 
 
-def why_not(net: NetSpec, cluster: ClusterSpec, names: Sequence[str] | None = None) -> dict[str, str]:
-    """Strategies that do not apply, with the reason."""
+def why_not(net: NetSpec, cluster: ClusterSpec, names: Sequence[str] | None = None,
+            batch: int | None = None) -> dict[str, str]:
+    """Strategies that do not apply, with the reason; given ``batch``, also every candidate config
+    that cannot run ("strategy config" → why: memory or another constraint), found without
+    simulating."""
     out = {}
     for name in names or list(strategies.STRATEGIES):
         reason = strategies.get(name).applies(net)
@@ -71,6 +115,14 @@ def why_not(net: NetSpec, cluster: ClusterSpec, names: Sequence[str] | None = No
             out[name] = reason
         elif name in ("stanza", "ralp") and cluster.nodes < 2:
             out[name] = f"{name} needs at least 2 nodes"
+        elif batch is not None:
+            for config in candidates(net, cluster, batch, name, out):
+                try:
+                    problem = strategies.memory_problem(net, cluster, name, config, batch)
+                except ConfigError as e:
+                    problem = str(e)
+                if problem:
+                    out[config_key(name, config)] = problem
     return out
 
 

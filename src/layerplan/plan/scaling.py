@@ -70,7 +70,8 @@ def curves(net: NetSpec, cluster: ClusterSpec, names: Sequence[str], workers: Se
                 c, cfg = _config(name, net, cluster, w, b, options)
                 pred = strategies.predict(net, c, name, cfg, b)
                 single = strategies.predict(net, replace(cluster, nodes=1), "allreduce",
-                                            strategies.get("allreduce").Config(workers=1), b * w)
+                                            strategies.get("allreduce").Config(workers=1), b * w,
+                                            check_memory=False)  # the reference: one device's speed, as if it fit
             except ConfigError as e:
                 skipped.append(f"{w} workers: {e}")
                 continue

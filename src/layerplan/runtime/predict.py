@@ -97,6 +97,9 @@ def rename_roles(pred: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
     out = dict(pred)
     out["groups"] = ren(pred["groups"])
     out["breakdown"] = ren(pred["breakdown"])
+    for k in ("memory_bytes_per_role", "memory_per_role"):
+        if k in pred:
+            out[k] = ren(pred[k])
     b = dict(pred["bytes_per_step"])
     for k in ("per_role", "wire_per_role", "wire_per_role_all_nodes", "wire_received_per_role"):
         if k in b:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from layerplan.cost.collectives import ALLREDUCE
+from layerplan.cost import compute
+from layerplan.cost.compute import MemoryUse
 from layerplan.cost.engine import Collective, Compute, StepGraph
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
@@ -45,8 +47,17 @@ class Allreduce(Strategy):
         if config.bucket_bytes < 0:
             raise ConfigError("allreduce: bucket_bytes must be non-negative")
 
+    role_labels = {"worker": "a worker"}
+
     def roles(self, config):
         return {"worker": config.workers}
+
+    def memory(self, net: NetSpec, cluster: ClusterSpec, config: AllreduceConfig, batch: int) -> dict[str, MemoryUse]:
+        """A full replica with momentum, plus DDP's gradient buckets (a copy of every gradient)
+        when there is someone to all-reduce with."""
+        self.check(net, cluster, config)
+        buckets_b = net.param_bytes if config.workers > 1 else 0
+        return {"worker": compute.training_memory(net, net.layers, batch, buffers_bytes=buckets_b)}
 
     def global_batch(self, config, batch):
         return config.workers * batch

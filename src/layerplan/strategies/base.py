@@ -4,11 +4,12 @@ what. Strategies never compute a step time: the cost engine does (ARCHITECTURE.m
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Mapping, Sequence
 
 from layerplan.cost import compute
-from layerplan.cost.engine import StepGraph
+from layerplan.cost.compute import MemoryUse
+from layerplan.cost.engine import Prediction, StepGraph
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import LayerSpec, NetSpec
@@ -46,6 +47,13 @@ class Strategy:
         """Role name → number of nodes in that role."""
         raise NotImplementedError
 
+    def memory(self, net: NetSpec, cluster: ClusterSpec, config: Any, batch: int) -> dict[str, MemoryUse]:
+        """Role → peak device memory of one node of that role (``compute.MemoryUse``)."""
+        raise NotImplementedError
+
+    role_labels: ClassVar[Mapping[str, str]] = {}
+    """Role → how a person names one node of it in messages ("the FC worker")."""
+
     # ---- shared behaviour ---------------------------------------------------------------------
     def applies(self, net: NetSpec) -> str | None:
         """None when the strategy applies to ``net``, else the reason it does not."""
@@ -57,6 +65,24 @@ class Strategy:
         why = self.applies(net)
         if why:
             raise ConfigError(why)
+
+    def role_label(self, role: str) -> str:
+        return self.role_labels.get(role, f"a {role} node")
+
+    def memory_problem(self, cluster: ClusterSpec, memory: Mapping[str, MemoryUse]) -> str | None:
+        """None when every role fits in ``cluster.device``'s memory, else a one-line reason naming
+        the role that overflows the most, its need and the capacity (Stanza §4.2: an assignment
+        must fit the GPUs' memory)."""
+        over = [(m.total_bytes / cluster.device.memory_bytes, role, m) for role, m in memory.items()
+                if m.total_bytes > cluster.device.memory_bytes]
+        if not over:
+            return None
+        _, role, m = max(over, key=lambda x: x[0])
+        try:
+            compute.check_fits(m.total_bytes, cluster.device, f"{self.name}: {self.role_label(role)}", m.describe())
+        except ConfigError as e:  # check_fits words the message; it raises for every role in ``over``
+            return str(e)
+        return None
 
     def config_from_dict(self, data: dict[str, Any]) -> Any:
         names = {f.name for f in fields(self.Config)}
@@ -103,6 +129,33 @@ def update_s(param_bytes: float, cluster: ClusterSpec, gradients_summed: int = 1
 
 def param_bytes(layers: Sequence[LayerSpec]) -> int:
     return sum(layer.param_bytes for layer in layers)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StrategyPrediction(Prediction):
+    """The engine's Prediction plus the peak device memory of one node of each role."""
+
+    memory_per_role: dict[str, MemoryUse] = field(default_factory=dict)
+    """Role → peak memory of one node, by part (``compute.MemoryUse``)."""
+    device_memory_bytes: float = 0.0
+    """Memory of one device of the cluster (what each role's peak is checked against)."""
+
+    @property
+    def memory_bytes_per_role(self) -> dict[str, float]:
+        """Role → peak device memory of one node, bytes."""
+        return {r: m.total_bytes for r, m in self.memory_per_role.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = Prediction.to_dict(self)
+        d["memory_bytes_per_role"] = self.memory_bytes_per_role
+        d["memory_per_role"] = {r: m.to_dict() for r, m in self.memory_per_role.items()}
+        d["device_memory_bytes"] = self.device_memory_bytes
+        return d
+
+    @classmethod
+    def of(cls, pred: Prediction, memory: Mapping[str, MemoryUse], device_memory_bytes: float) -> "StrategyPrediction":
+        return cls(**{f.name: getattr(pred, f.name) for f in fields(Prediction)}, memory_per_role=dict(memory),
+                   device_memory_bytes=float(device_memory_bytes))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

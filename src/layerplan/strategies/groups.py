@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from layerplan.cost import compute
+from layerplan.cost.compute import MemoryUse
 from layerplan.cost.engine import Compute, StepGraph, Transfer, iteration_name
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
@@ -71,8 +73,42 @@ class Groups(Strategy):
             roles["fc_model"] = 1
         return roles
 
+    role_labels = {"conv_model": "the conv model server", "fc": "the merged FC server", "fc_model": "the FC model server"}
+
+    def role_label(self, role: str) -> str:
+        if role.startswith("group"):
+            return f"a conv machine of {role}"
+        if role.startswith("fc") and role[2:].isdigit():
+            return f"FC compute server {role}"
+        return super().role_label(role)
+
     def global_batch(self, config, batch):
         return config.machines * batch
+
+    def memory(self, net: NetSpec, cluster: ClusterSpec, config: GroupsConfig, batch: int) -> dict[str, MemoryUse]:
+        """A conv machine: the conv phase for its B samples without optimizer state (the conv
+        model server updates) and the activation gradients it receives. The conv model server: the
+        conv model, summed gradient, momentum and a receive buffer per conv machine (groups push
+        asynchronously, all may at once). The merged FC server: the FC phase with momentum for
+        one group batch k·B at a time (Omnivore §V-A), with the activations of every group batch
+        that may wait for it (N·B, twice with pipelining). Without merging: each FC compute
+        server the FC phase without optimizer state for its group's k·B samples; the FC model
+        server the FC model, its momentum and a receive buffer per FC compute server."""
+        self.check(net, cluster, config)
+        g, k = config.groups, config.machines // config.groups
+        act = net.boundary_bytes * batch
+        p_c, p_f = param_bytes(net.conv_layers), param_bytes(net.fc_layers)
+        conv = compute.training_memory(net, net.conv_layers, batch, optimizer_slots=0, buffers_bytes=act)
+        out = {f"group{j}": conv for j in range(g)}
+        out["conv_model"] = compute.server_memory(p_c, config.machines)
+        if config.merged_fc:
+            waiting = config.machines * act * (2 if config.pipelined else 1)
+            out["fc"] = compute.training_memory(net, net.fc_layers, k * batch, inputs_bytes=waiting)
+        else:
+            fc = compute.training_memory(net, net.fc_layers, k * batch, optimizer_slots=0, inputs_bytes=k * act)
+            out.update({f"fc{j}": fc for j in range(g)})
+            out["fc_model"] = compute.server_memory(p_f, g)
+        return out
 
     def default(self, net, cluster, batch, *, machines=None, groups=None, workers=None, **_):
         from layerplan.plan import omnivore

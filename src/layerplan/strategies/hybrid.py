@@ -24,6 +24,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from layerplan.cost import compute
+from layerplan.cost.compute import MemoryUse
 from layerplan.cost.engine import Collective, Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
@@ -79,8 +81,44 @@ class Hybrid(Strategy):
             if r not in names:
                 raise ConfigError(f"hybrid: {r!r} is not an fc layer of the FC phase ({', '.join(sorted(names))})")
 
+    role_labels = {"conv": "a CONV worker", "fc": "an FC machine"}
+
     def roles(self, config):
         return {"conv": config.conv_workers, "fc": config.fc_workers}
+
+    def memory(self, net: NetSpec, cluster: ClusterSpec, config: HybridConfig, batch: int) -> dict[str, MemoryUse]:
+        """A CONV worker: as Stanza's (ring all-reduce of a flat conv gradient when n_c > 1). An FC
+        machine, for the global batch G = n_c·B: 1/n_f of each partitioned block's parameters and
+        all of each replicated block's, with gradients and momentum; 1/n_f of every FC-phase output
+        (a feature slice of G samples or ⌈G/n_f⌉ whole samples); the boundary activations it
+        receives (all G samples for a partitioned first layer, its ⌈G/n_f⌉ otherwise); the full
+        input that each later partitioned block all-gathers (G samples); and the flat gradient of
+        the replicated blocks it all-reduces (n_f > 1)."""
+        self.check(net, cluster, config)
+        n_c, n_f = config.conv_workers, config.fc_workers
+        G = n_c * batch
+        g_part = math.ceil(G / n_f)
+        p_c = param_bytes(net.conv_layers)
+        conv = compute.training_memory(net, net.conv_layers, batch,
+                                       buffers_bytes=net.boundary_bytes * batch + (p_c if n_c > 1 else 0))
+        held, replicated_b, gathered, inputs = 0.0, 0.0, 0.0, 0.0
+        partitioned_any = False
+        for i, (fc, tail) in enumerate(fc_blocks(net)):
+            p = param_bytes([fc, *tail])
+            replicated = fc.name in config.replicate or n_f == 1
+            held += p if replicated else p / n_f
+            if replicated and n_f > 1:
+                replicated_b += p
+            partitioned_any |= not replicated
+            if i == 0:
+                inputs = net.boundary_bytes * (g_part if replicated else G)
+            elif not replicated:
+                in_bytes = net.layer(fc.parents[0]).out_bytes if fc.parents else net.boundary_bytes
+                gathered += in_bytes * G
+        fc_mem = MemoryUse(parameters_bytes=held, gradients_bytes=held, optimizer_bytes=held,
+                           activations_bytes=compute.activation_bytes(net.fc_layers, g_part), inputs_bytes=inputs,
+                           buffers_bytes=gathered + replicated_b, samples=G if partitioned_any else g_part)
+        return {"conv": conv, "fc": fc_mem}
 
     def global_batch(self, config, batch):
         return config.conv_workers * batch
@@ -93,7 +131,12 @@ class Hybrid(Strategy):
             space = self.space(net, cluster, batch)
             if not space:
                 raise ConfigError(f"hybrid needs at least 2 nodes, the cluster has {cluster.nodes}")
-            return max(space, key=lambda c: strategies.predict(net, cluster, self.name, c, batch).throughput_samples_per_s)
+            fits = [c for c in space if not self.memory_problem(cluster, self.memory(net, cluster, c, batch))]
+            if not fits:
+                least = min(space, key=lambda c: max(m.total_bytes for m in self.memory(net, cluster, c, batch).values()))
+                raise ConfigError(self.memory_problem(cluster, self.memory(net, cluster, least, batch))
+                                  + f"; no split of {cluster.nodes} nodes into CONV workers and FC machines fits")
+            return max(fits, key=lambda c: strategies.predict(net, cluster, self.name, c, batch).throughput_samples_per_s)
         n_f = fc_workers or 1
         n_c = conv_workers or workers or cluster.nodes - n_f
         return HybridConfig(conv_workers=n_c, fc_workers=n_f)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from layerplan.cost import compute
+from layerplan.cost.compute import MemoryUse
 from layerplan.cost.engine import Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
@@ -34,8 +36,20 @@ class PS(Strategy):
         require_positive(self.name, workers=config.workers, servers=config.servers)
         require_nodes(self.name, config.workers + config.servers, cluster, f"{config.workers} workers + {config.servers} servers")
 
+    role_labels = {"worker": "a worker", "server": "a server"}
+
     def roles(self, config: PSConfig) -> dict[str, int]:
         return {"worker": config.workers, "server": config.servers}
+
+    def memory(self, net: NetSpec, cluster: ClusterSpec, config: PSConfig, batch: int) -> dict[str, MemoryUse]:
+        """A worker: a full replica (parameters, gradients, activations, input batch) without
+        optimizer state — the servers update — plus the flattened gradient it pushes and the
+        buffer the parameters are pulled into (runtime/roles/ps.py). A server: its shard, the
+        summed gradient, the momentum of the shard and one receive buffer per worker."""
+        self.check(net, cluster, config)
+        p = net.param_bytes
+        return {"worker": compute.training_memory(net, net.layers, batch, optimizer_slots=0, buffers_bytes=2 * p),
+                "server": compute.server_memory(p / config.servers, config.workers)}
 
     def global_batch(self, config: PSConfig, batch: int) -> int:
         return config.workers * batch

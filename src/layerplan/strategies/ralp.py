@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from layerplan.cost import compute
+from layerplan.cost.compute import MemoryUse
 from layerplan.cost.engine import Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
@@ -59,8 +61,26 @@ class Ralp(Strategy):
         if not any(layer.kind == "conv" for layer in net.layers[: i + 1]):
             raise ConfigError(f"ralp: split after {config.split!r} leaves the workers no conv layer to run")
 
+    role_labels = {"worker": "a worker", "ps": "the PS worker"}
+
     def roles(self, config):
         return {"worker": config.workers, "ps": 1}
+
+    def memory(self, net: NetSpec, cluster: ClusterSpec, config: RalpConfig, batch: int) -> dict[str, MemoryUse]:
+        """A worker: the head for its K samples without optimizer state (the PS worker updates
+        it), the split activations' gradient it receives, the flattened head gradient it pushes
+        and the buffer the head is pulled into (runtime/roles/ralp.py). The PS worker: the tail
+        with momentum for one worker's K samples at a time, but the activations of all n_w workers
+        received (they arrive together and wait their turn), plus the head's parameter server
+        (head parameters, summed gradient, momentum, one receive buffer per worker)."""
+        self.check(net, cluster, config)
+        n_w = config.workers
+        head, tail = net.head(config.split), net.tail(config.split)
+        act = net.layer(config.split).out_bytes * batch
+        p_head = param_bytes(head)
+        worker = compute.training_memory(net, head, batch, optimizer_slots=0, buffers_bytes=act + 2 * p_head)
+        ps = compute.training_memory(net, tail, batch, inputs_bytes=n_w * act) + compute.server_memory(p_head, n_w)
+        return {"worker": worker, "ps": ps}
 
     def global_batch(self, config, batch):
         return config.workers * batch

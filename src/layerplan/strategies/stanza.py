@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from layerplan.cost import compute
+from layerplan.cost.compute import MemoryUse
 from layerplan.cost.engine import Collective, Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
@@ -42,11 +44,28 @@ class Stanza(Strategy):
         if config.fc_workers > config.conv_workers:
             raise ConfigError(f"stanza: {config.fc_workers} FC workers for {config.conv_workers} CONV workers leaves an FC worker idle")
 
+    role_labels = {"conv": "a CONV worker", "fc": "an FC worker"}
+
     def roles(self, config):
         return {"conv": config.conv_workers, "fc": config.fc_workers}
 
     def global_batch(self, config, batch):
         return config.conv_workers * batch
+
+    def memory(self, net: NetSpec, cluster: ClusterSpec, config: StanzaConfig, batch: int) -> dict[str, MemoryUse]:
+        """A CONV worker: the conv phase with momentum for its K samples, the activation gradients
+        it receives, and the flat conv gradient it all-reduces (n_c > 1). An FC worker: the FC
+        phase with momentum for the concatenated batch of its ⌈n_c/n_f⌉ CONV workers (Stanza eq.2),
+        the activations it receives, and the flat FC gradient it all-reduces (n_f > 1)."""
+        self.check(net, cluster, config)
+        n_c, n_f = config.conv_workers, config.fc_workers
+        fc_batch = math.ceil(n_c / n_f) * batch
+        p_c, p_f = param_bytes(net.conv_layers), param_bytes(net.fc_layers)
+        conv = compute.training_memory(net, net.conv_layers, batch,
+                                       buffers_bytes=net.boundary_bytes * batch + (p_c if n_c > 1 else 0))
+        fc = compute.training_memory(net, net.fc_layers, fc_batch, inputs_bytes=net.boundary_bytes * fc_batch,
+                                     buffers_bytes=p_f if n_f > 1 else 0)
+        return {"conv": conv, "fc": fc}
 
     def default(self, net, cluster, batch, *, conv_workers=None, fc_workers=None, workers=None, **_):
         self.require_applies(net)
