@@ -32,6 +32,10 @@ from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, requi
 ROUNDS = 8  # unrolled rounds (each group one iteration per round); the second half is measured
 
 
+FULLY_ASYNC_MAX_GROUPS = 64
+"""space(): g = n is a candidate only up to this many groups (each group is simulated)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GroupsConfig:
     machines: int
@@ -129,7 +133,11 @@ class Groups(Strategy):
         start = omnivore.saturating_groups(omnivore.group_times(net, cluster, batch), n, batch)
         divs = omnivore.divisors(n)
         i = divs.index(start)
-        picks = {1, n, start, divs[max(0, i - 1)], divs[min(len(divs) - 1, i + 1)]}
+        # Omnivore §4: past the smallest FC-saturating g, more groups add staleness but no throughput,
+        # so the search brackets that g; fully asynchronous (g = n) is kept where it is cheap to simulate.
+        picks = {1, start, divs[max(0, i - 1)], divs[min(len(divs) - 1, i + 1)]}
+        if n <= FULLY_ASYNC_MAX_GROUPS:
+            picks.add(n)
         return [GroupsConfig(machines=n, groups=g) for g in sorted(picks)]
 
     def schedule(self, net: NetSpec, cluster: ClusterSpec, config: GroupsConfig, batch: int) -> StepGraph:
