@@ -12,7 +12,7 @@ STAMP := $(VENV)/.layerplan-installed
 OUT ?= demo-out
 PIP_QUIET := --quiet --disable-pip-version-check
 
-.PHONY: setup demo test test-slow test-all bench clean
+.PHONY: setup demo test test-slow test-all bench validate validate-full clean
 
 setup: $(STAMP)
 
@@ -37,8 +37,15 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -m ''
 
+# The closed loop on the emulated cluster (root or an unprivileged user namespace): measured vs predicted.
+validate: $(STAMP)
+	$(VENV)/bin/layerplan validate --quick --out validate-out
+
+validate-full: $(STAMP)
+	$(VENV)/bin/layerplan validate --full --out validate-out
+
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
 
 clean:
-	rm -rf $(VENV) $(OUT) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(OUT) validate-out build *.egg-info src/*.egg-info .pytest_cache

@@ -33,6 +33,7 @@ def test_up_shapes_and_down_removes_everything():
     emu = emulate.up(2, "100Mbit", "t-shape")
     try:
         assert emulate.find("t-shape").hosts == 2
+        assert emu.netns_path(1).exists() and emu.netns_path(1).name == emu.host(1)  # what setns(2) opens
         rate = emulate.measure_rate(emu, nbytes=3_000_000)
         assert 0.85 < rate / emu.rate_bytes_per_s < 1.0  # payload below the line rate, but close
     finally:

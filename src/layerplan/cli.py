@@ -335,7 +335,92 @@ def _register_cluster(sub) -> None:
     COMMANDS["cluster"] = cmd_cluster
 
 
-_EXTENSIONS_BUILTIN = [_register_engine, _register_cluster]
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from layerplan import calibrate, report
+
+    res = calibrate.calibrate(on=args.on.partition(":")[0], name=args.on.partition(":")[2] or "default",
+                              repeats=args.repeats, quick=args.quick, progress=not args.json)
+    if args.output:
+        calibrate.save(res, args.output)
+    if args.json:
+        emit_json(res)
+    else:
+        for line in calibrate.summary_lines(res):
+            report.console().print(line)
+        if args.output:
+            report.console().print(f"wrote {args.output} (use it: layerplan predict ... --cluster {args.output}, "
+                                   f"layerplan train ... --cluster {args.output})")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from layerplan import report, validate
+    from layerplan.hardware import resolve_cluster
+
+    matrix = validate.MATRICES["full" if args.full else "quick"]
+    if args.models:
+        matrix = validate.replace(matrix, models=tuple(args.models.split(",")))
+    if args.strategies:
+        matrix = validate.replace(matrix, strategies=tuple(args.strategies.split(",")))
+    calibrated = None
+    if args.calibration:
+        calibrated = resolve_cluster(args.calibration)
+    elif not args.presets_only:
+        from layerplan import calibrate
+
+        con = report.console()
+        if not args.json:
+            con.print("calibrating this machine's compute (quick; --calibration FILE reuses a calibration)")
+        calibrated = calibrate.to_cluster(calibrate.calibrate(on="local", quick=True, progress=not args.json))
+    con = report.console()
+    out = Path(args.out)
+    doc = validate.validate(matrix, out, calibrated,
+                            progress=None if args.json else (lambda what: con.print(f"[dim]running {what}[/]")))
+    if args.json:
+        emit_json({**doc["summary"], "rows": doc["rows"], "skipped": doc["skipped"]})
+    else:
+        validate.print_rows(doc["rows"])
+        validate.print_summary(doc)
+        con.print(f"wrote {out / 'validate.json'}, {out / 'predicted-vs-measured.png'}, {out / 'throughput-by-strategy.png'}")
+    return 0
+
+
+def _register_closed_loop(sub) -> None:
+    from layerplan.runtime.commands import where
+
+    p = sub.add_parser("calibrate", help="measure this machine (or an emulated cluster): FLOP/s, link rate, latency",
+                       description="Short micro-benchmarks: achieved FLOP/s of convolutions and matrix products (per "
+                                   "thread and with the cores shared), point-to-point and all-reduce efficiency of the "
+                                   "links, message latency; writes a cluster file with the fitted efficiencies.")
+    p.add_argument("--on", type=where, default="local", metavar="local|emulated[:NAME]",
+                   help="local: ranks on this machine over loopback (default); emulated[:NAME]: between two hosts of "
+                        "an emulated cluster (`layerplan cluster up`)")
+    p.add_argument("-o", "--output", metavar="cluster.yaml", help="write the fitted cluster file (YAML or JSON by extension)")
+    p.add_argument("--repeats", type=positive_int, default=3, metavar="R", help="repeats per figure, for the spread (default 3)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes (about a minute)")
+    p.add_argument("--json", action="store_true")
+    COMMANDS["calibrate"] = cmd_calibrate
+
+    p = sub.add_parser("validate", help="run strategies on the emulated cluster and compare measured with predicted",
+                       description="A matrix of strategies × networks × workers × link rates on the emulated cluster "
+                                   "(needs root or an unprivileged user namespace): measured median step against the "
+                                   "prediction, the lower bound and the efficiency; summary error statistics, Spearman "
+                                   "ρ, whether the predicted best is the measured best; JSON and two plots.")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="alexnet_cifar and resnet_cifar, 2 workers, 100 Mbit/s and 1 Gbit/s (default)")
+    mode.add_argument("--full", action="store_true", help="+ vgg16_cifar, 4 workers, 10 Gbit/s")
+    p.add_argument("--models", metavar="M1,M2", help="replace the matrix's networks")
+    p.add_argument("--strategies", metavar="S1,S2", help="replace the matrix's strategies (ps, allreduce, stanza, ralp)")
+    p.add_argument("--calibration", metavar="FILE", help="predict with this cluster file (from `layerplan calibrate -o`)")
+    p.add_argument("--presets-only", action="store_true", help="predict with the presets, no calibration")
+    p.add_argument("--out", default="validate-out", metavar="DIR", help="where validate.json and the plots go (default validate-out)")
+    p.add_argument("--json", action="store_true", help="print the summary and rows as JSON")
+    COMMANDS["validate"] = cmd_validate
+
+
+_EXTENSIONS_BUILTIN = [_register_engine, _register_cluster, _register_closed_loop]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,8 +7,10 @@ the switch port's egress towards it — so each host gets R in and R out, like a
 (EMULATION.md). tbf burst ≥ max(64 KB, R × 1 ms) and limit ≥ 4 × burst: a burst below the MTU
 drops every packet silently.
 
-Root is needed for ``ip netns``; without root, ``ephemeral()`` runs inside an unprivileged user
-namespace (``unshare -Urnm``) where the same recipe works and vanishes with the namespace.
+Root is needed for ``ip netns``; without root, run layerplan inside an unprivileged user namespace
+(``unshare -Urnm --propagation private``, a tmpfs on /run, ``mkdir /run/netns``) where the same
+recipe works and vanishes with the namespace (EMULATION.md). ``runtime.launch.launch_emulated``
+runs a training run's rank r in host r.
 Nothing is left behind: ``down`` is idempotent and kills every process still in a host, and the
 context manager tears the cluster down on exit, on exceptions and on SIGINT/SIGTERM.
 """
@@ -31,6 +33,7 @@ from layerplan.errors import LayerplanError
 PREFIX = "layerplan"
 STATE_DIR = Path(os.environ.get("LAYERPLAN_STATE_DIR", "/tmp/layerplan-emulated"))
 MTU_BYTES = 1500
+NETNS_DIRS = (Path("/run/netns"), Path("/var/run/netns"))  # iproute2's NETNS_RUN_DIR
 
 
 class EmulationError(LayerplanError):
@@ -60,6 +63,13 @@ class Emulated:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "hosts": self.hosts, "rate_bytes_per_s": self.rate_bytes_per_s, "subnet": self.subnet}
+
+    def netns_path(self, i: int) -> Path:
+        """The file that names host i's network namespace (what ``ip netns exec`` opens; setns(2))."""
+        for d in NETNS_DIRS:
+            if (d / self.host(i)).exists():
+                return d / self.host(i)
+        return NETNS_DIRS[0] / self.host(i)
 
     def exec_prefix(self, i: int) -> list[str]:
         """argv prefix that runs a command inside host i."""

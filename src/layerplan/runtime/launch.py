@@ -1,12 +1,16 @@
-"""Start a run's ranks as local processes and watch them.
+"""Start a run's ranks as processes and watch them: on this machine, or on the emulated cluster.
 
 ``launch_local(spec)`` spawns one ``python -m layerplan.runtime.worker --spec spec.json`` per
 rank (env:// rendezvous on 127.0.0.1 and a free port, one intra-op thread per rank by default),
-keeps their PIDs, and returns rank 0's Measurement. If any rank exits non-zero or dies from a
-signal (kill -9), the others are killed within seconds and ``RunError`` names the rank, its exit
-signal or code, its last error line, and the last good checkpoint. A hung rank makes its peers fail
-through the process group's timeout (``timeout_s``); the launcher's own watchdog kills everything
-when no rank has finished a step for ``watchdog_s``.
+keeps their PIDs, and returns rank 0's Measurement. ``launch_emulated(spec, name)`` does the same
+with rank r inside host r of an emulated cluster (``runtime/emulate.py``): ``ip netns exec`` into
+the host, rendezvous at host 0's address, gloo on the host's ``eth0``. Both go through one
+launcher that only asks, per rank, for an argv prefix, environment and network namespace.
+
+If any rank exits non-zero or dies from a signal (kill -9), the others are killed within seconds
+and ``RunError`` names the rank, its exit signal or code, its last error line, and the last good
+checkpoint. A hung rank makes its peers fail through the process group's timeout (``timeout_s``);
+the launcher's own watchdog kills everything when no rank has finished a step for ``watchdog_s``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -53,6 +58,18 @@ def preflight(spec):
     return roles, net
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where and how one rank starts: what the launcher needs to know about a machine."""
+
+    env: dict[str, str]
+    """Rendezvous and network environment (MASTER_ADDR, GLOO_SOCKET_IFNAME, ...)."""
+    argv_prefix: tuple[str, ...] = ()
+    """Prepended to the worker's command line (start="exec"), e.g. ``ip netns exec HOST``."""
+    netns: str | None = None
+    """start="fork": the network namespace file the forked rank enters (``/run/netns/HOST``)."""
+
+
 def launch_local(spec, *, run_dir: str | Path | None = None, watchdog_s: float | None = None,
                  on_spawn: Callable[[dict[int, int], Path], None] | None = None, quiet: bool = True,
                  start: str = "exec") -> dict:
@@ -68,6 +85,47 @@ def launch_local(spec, *, run_dir: str | Path | None = None, watchdog_s: float |
     benchmarks use it). Fork needs threads_per_rank = 1 — libgomp deadlocks in a forked child that
     starts a thread pool after the parent used one.
     """
+    def place(rank: int, world: int, port: int) -> Placement:
+        return Placement(env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})
+
+    return _launch(spec, place, run_dir=run_dir, watchdog_s=watchdog_s, on_spawn=on_spawn, quiet=quiet, start=start)
+
+
+def launch_emulated(spec, name: str = "default", *, run_dir: str | Path | None = None,
+                    watchdog_s: float | None = None, quiet: bool = False,
+                    on_spawn: Callable[[dict[int, int], Path], None] | None = None, start: str = "exec") -> dict:
+    """Run ``spec`` on the emulated cluster ``name`` (``layerplan cluster up``): rank r runs in host
+    r (``ip netns exec``), rendezvous at host 0's address, gloo on each host's ``eth0`` (mandatory
+    there: a host's hostname resolves to 127.0.0.1, EMULATION.md), ``threads_per_rank`` intra-op
+    threads per rank (default 1). Returns rank 0's Measurement, with the same fault handling as
+    ``launch_local`` (whose other arguments it shares; ``start="fork"`` enters the host's network
+    namespace with setns(2) in the forked rank). Hosts beyond the world size stay idle.
+    """
+    from layerplan.runtime import emulate
+    from layerplan.runtime.layout import world_size
+
+    world = world_size(spec)
+    emulate.check_available()
+    try:
+        emu = emulate.find(name)
+    except emulate.EmulationError:
+        raise emulate.EmulationError(
+            f"no emulated cluster named {name!r} is up; create it first: layerplan cluster up --hosts {world} "
+            f"--bandwidth 1Gbit --name {name}") from None
+    if emu.hosts < world:
+        raise ConfigError(f"run needs {world} hosts, cluster {name!r} has {emu.hosts}: "
+                          f"layerplan cluster up --hosts {world} --name {name}")
+
+    def place(rank: int, world: int, port: int) -> Placement:
+        return Placement(env=emulate.host_env(emu, rank, world, master=0, port=port),
+                         argv_prefix=tuple(emu.exec_prefix(rank)), netns=str(emu.netns_path(rank)))
+
+    return _launch(spec, place, run_dir=run_dir, watchdog_s=watchdog_s, on_spawn=on_spawn, quiet=quiet, start=start)
+
+
+def _launch(spec, place: Callable[[int, int, int], Placement], *, run_dir: str | Path | None, watchdog_s: float | None,
+            on_spawn: Callable[[dict[int, int], Path], None] | None, quiet: bool, start: str) -> dict:
+    """The one launcher: ``place(rank, world, port)`` says where each rank runs."""
     from layerplan.runtime.run_spec import RunSpec
 
     if start not in ("exec", "fork"):
@@ -94,17 +152,19 @@ def launch_local(spec, *, run_dir: str | Path | None = None, watchdog_s: float |
     logs = {}
     try:
         for r in range(world):
+            where = place(r, world, port)
             env = dict(os.environ)
             env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(spec.threads_per_rank),
-                       TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="lo", LAYERPLAN_LAUNCHED="1",
-                       LAYERPLAN_RUN_DIR=str(run_dir))
+                       OMP_NUM_THREADS=str(spec.threads_per_rank), TORCH_CPP_LOG_LEVEL="ERROR",
+                       LAYERPLAN_LAUNCHED="1", LAYERPLAN_RUN_DIR=str(run_dir))
+            env.update(where.env)
             logs[r] = open(run_dir / f"rank{r}.log", "wb")
             show = r == 0 and run_spec.progress
             if start == "fork":
-                procs[r] = _Forked(env, spec_path, logs[r], show)
+                procs[r] = _Forked(env, spec_path, logs[r], show, netns=where.netns)
                 continue
-            procs[r] = subprocess.Popen([sys.executable, "-m", "layerplan.runtime.worker", "--spec", str(spec_path)],
+            procs[r] = subprocess.Popen([*where.argv_prefix, sys.executable, "-m", "layerplan.runtime.worker",
+                                         "--spec", str(spec_path)],
                                         env=env, stdin=subprocess.DEVNULL, stdout=logs[r],
                                         stderr=None if show else logs[r])
         if on_spawn is not None:
@@ -225,7 +285,7 @@ def _kill(procs: dict[int, subprocess.Popen]) -> None:
 class _Forked:
     """A rank forked from this process, with the small part of Popen's interface the launcher uses."""
 
-    def __init__(self, env: dict, spec_path: Path, log, show: bool):
+    def __init__(self, env: dict, spec_path: Path, log, show: bool, netns: str | None = None):
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -241,6 +301,8 @@ class _Forked:
                     os.dup2(log.fileno(), 2)
                 sys.stdout = open(1, "w", closefd=False)
                 sys.stderr = open(2, "w", closefd=False)
+                if netns is not None:  # before any socket: the rank's whole network is the host's
+                    _enter_netns(netns)
                 from layerplan.runtime.worker import main
 
                 code = main(["--spec", str(spec_path)])
@@ -281,3 +343,21 @@ class _Forked:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+CLONE_NEWNET = 0x40000000  # <linux/sched.h>
+
+
+def _enter_netns(path: str) -> None:
+    """setns(2) into the network namespace at ``path`` (what ``ip netns exec`` does first; Python
+    3.12 has os.setns, 3.10/3.11 need libc). Only for a freshly forked, single-threaded child."""
+    import ctypes
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)

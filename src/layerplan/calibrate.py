@@ -1,0 +1,803 @@
+"""Calibrate: measure this machine (or an emulated cluster) and fit the hardware figures the cost
+engine uses — ``DeviceSpec.compute_efficiency``, ``LinkSpec.latency_s`` and ``efficiency``.
+
+``calibrate(on="local"|"emulated", name=...)`` runs short micro-benchmarks in child processes
+(this process imports no torch) and returns a JSON-able result; ``to_cluster(result)`` turns it
+into a ``hardware.ClusterSpec`` and ``save(result, path)`` writes that as a cluster file (YAML or
+JSON by extension) that ``hardware.load_cluster`` / ``--cluster FILE`` read back.
+
+What is measured, each ``repeats`` times (every figure: median and spread = (max − min) / median):
+
+- **compute**: forward + backward of every distinct Conv2d / Linear layer of ``alexnet_cifar`` and
+  ``vgg16_cifar`` (3×32×32 input) at batch 16 and 64 (32 when ``quick``), FLOPs counted by
+  ``torch.utils.flop_counter.FlopCounterMode``, one intra-op thread per process — first one
+  process alone (per-thread FLOP/s), then one process per core at once (the shared-core FLOP/s:
+  ranks of a local or emulated run share this machine's cores). Layers are weighted by how often
+  the two nets use them. ``compute_efficiency`` is fitted so that the engine's PALEO layer time
+  (``cost.compute.layer_time_s``: memory reads/writes + FLOPs / (peak · efficiency)) with the
+  ``cpu-core`` preset's peak and memory bandwidth reproduces the measured single-thread time.
+- **links**: gloo point-to-point between two ranks (1 KiB … 16 MiB; rank 0 sends, rank 1 answers
+  with 4 bytes; per size the lower quartile of many ping-pongs) fitted to
+  ``t = 2·latency + bytes / payload_rate``, and all-reduce of one tensor
+  over 2 and 3 ranks (bus bandwidth as nccl-tests defines it). ``local``: ranks over loopback;
+  ``emulated``: ranks in hosts 0, 1 (and 2) of the named emulated cluster, so
+  ``efficiency`` = payload rate / the cluster's configured line rate.
+
+The CLI (``layerplan calibrate``) is a thin wrapper; the worker processes are this module:
+``python -m layerplan.calibrate compute|link --config JSON``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import queue
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from layerplan import hardware, units
+from layerplan.errors import ConfigError, LayerplanError
+
+FORMAT_VERSION = 1
+DEVICE_PRESET = "cpu-core"
+NETS = ("alexnet_cifar", "vgg16_cifar")
+P2P_SIZES_BYTES = tuple(4**k * 1024 for k in range(8))  # 1 KiB, 4 KiB, ... 16 MiB
+ACK_BYTES = 4
+MAX_ALLREDUCE_BYTES = 16 * 2**20
+WORKER_TIMEOUT_S = 180.0  # no line from a benchmark process for this long: it is stuck
+
+
+class CalibrationError(LayerplanError):
+    """A benchmark could not run or gave no usable figure."""
+
+
+# ---- fits (pure) -----------------------------------------------------------------------------
+def fit_link(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
+    """(intercept_s, bandwidth_bytes_per_s) of ``t = intercept + bytes / bandwidth`` — Hockney's
+    model: PALEO §2's ``T = |D| / B`` plus a per-message latency. The slope comes from a least-squares
+    line through the large messages (≥ 1/64 of the largest: a token bucket's burst or TCP's slow
+    start no longer shows there), the intercept from the latency-bound ones (``bytes / bandwidth``
+    under a tenth of the time; else the smallest): the median of ``t − bytes / bandwidth``. Exact on
+    exact data; a negative intercept (noise) becomes 0."""
+    import numpy as np
+
+    n = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if n.shape != t.shape or n.size < 2 or len(set(n.tolist())) < 2:
+        raise CalibrationError("a link fit needs at least two different message sizes")
+    if not (np.all(t > 0) and np.all(np.isfinite(t)) and np.all(n > 0)):
+        raise CalibrationError(f"a link fit needs positive sizes and times, got {n.tolist()} B, {t.tolist()} s")
+    big = n >= n.max() / 64
+    if len(set(n[big].tolist())) < 2:
+        big = n >= np.sort(np.unique(n))[-2]  # at least the two largest sizes
+    slope = np.polyfit(n[big], t[big], 1)[0]
+    if slope <= 0:
+        raise CalibrationError("link times do not grow with the message size: no bandwidth to fit")
+    bound = n * slope < 0.1 * t
+    if not bound.any():
+        bound = n == n.min()
+    intercept = float(np.median(t[bound] - n[bound] * slope))
+    return max(0.0, intercept), float(1.0 / slope)
+
+
+def lower_quartile(values: Sequence[float]) -> float:
+    """The 25th percentile (linear interpolation): a ping-pong is slowed, never sped up, when another
+    process holds the core its peer must wake on, so the fast side of the spread is the link's."""
+    vals = sorted(values)
+    if not vals:
+        raise CalibrationError("no measurement to summarise")
+    pos = 0.25 * (len(vals) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
+def bus_bytes_per_s(size_bytes: float, ranks: int, time_s: float) -> float:
+    """All-reduce bus bandwidth: ``size · 2(n−1)/n / t`` (nccl-tests PERFORMANCE.md, busBw), the
+    per-rank traffic of a ring all-reduce per second — comparable with a point-to-point rate."""
+    return size_bytes * 2 * (ranks - 1) / ranks / time_s
+
+
+def layer_spec(layer: dict):
+    """The ``LayerSpec`` of one benchmarked layer (fields as the compute worker reports them)."""
+    from layerplan.netspec.spec import LayerSpec
+
+    b = layer["batch"]
+    return LayerSpec(name=layer["key"], kind=layer["kind"], op=layer["op"], parents=() if layer["first"] else ("input",),
+                     out_shape=(layer["out_bytes"] // 4,), params=layer["param_bytes"] // 4,
+                     param_bytes=layer["param_bytes"], out_bytes=layer["out_bytes"],
+                     fwd_flops=layer["fwd_flops"] // b, bwd_flops=(layer["flops"] - layer["fwd_flops"]) // b)
+
+
+def engine_time_s(layers: Iterable[dict], device: hardware.DeviceSpec) -> tuple[float, float]:
+    """(time, FLOPs) of forward + backward of ``layers`` (each × its ``count``) as the engine
+    charges them on ``device`` (PALEO §3.1.1 eq.1 via cost.compute.layer_time_s)."""
+    from layerplan.cost.compute import layer_time_s
+
+    total_s = total_flops = 0.0
+    for layer in layers:
+        spec = layer_spec(layer)
+        for direction in ("fwd", "bwd"):
+            total_s += layer["count"] * layer_time_s(spec, device, layer["batch"], direction=direction,
+                                                     in_bytes=layer["in_bytes"])
+        total_flops += layer["count"] * layer["flops"]
+    return total_s, total_flops
+
+
+def fit_compute_efficiency(layers: Sequence[dict], times_s: dict[str, float], device: hardware.DeviceSpec) -> float:
+    """The ``compute_efficiency`` with which the engine's layer times on ``device`` add up to the
+    measured ones: T = M + F / (peak · e), M = the memory terms (PALEO §3.1.1 eq.1), so
+    e = F / (peak · (T − M)). ``times_s``: measured seconds per forward + backward, by layer key.
+    Above 1 when the preset's peak is below what was measured (``to_cluster`` then raises the peak)."""
+    measured = sum(layer["count"] * times_s[layer["key"]] for layer in layers)
+    ideal = replace(device, compute_efficiency=1.0)
+    t1, flops = engine_time_s(layers, ideal)
+    memory_s = t1 - flops / device.peak_flops_per_s
+    if measured <= memory_s:
+        raise CalibrationError(f"measured layers ran in {measured:.4g} s, faster than the preset's memory bandwidth "
+                               f"allows ({memory_s:.4g} s): the {device.name!r} preset does not describe this machine")
+    return flops / (device.peak_flops_per_s * (measured - memory_s))
+
+
+def spread(values: Sequence[float]) -> dict:
+    """{median, spread = (max − min) / median, values}."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise CalibrationError("no measurement to summarise")
+    med = statistics.median(vals)
+    return {"median": med, "spread": (max(vals) - min(vals)) / med if med else 0.0, "values": vals}
+
+
+# ---- the benchmark processes -------------------------------------------------------------------
+class _Procs:
+    """Benchmark child processes speaking JSON lines on stdout; killed (by PID) on any exit."""
+
+    def __init__(self, argvs: list[list[str]], envs: list[dict], log_dir: Path):
+        self.log_dir = log_dir
+        self.lines: queue.Queue = queue.Queue()
+        self.procs: list[subprocess.Popen] = []
+        self.finished: set[int] = set()
+        self.pending: list[tuple[int, dict]] = []
+        self.logs = []
+        try:
+            for i, (argv, env) in enumerate(zip(argvs, envs)):
+                log = open(log_dir / f"proc{i}.log", "wb")
+                self.logs.append(log)
+                p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+                self.procs.append(p)
+                threading.Thread(target=self._read, args=(i, p), daemon=True).start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _read(self, i: int, p: subprocess.Popen) -> None:
+        for line in p.stdout:
+            if line.startswith("{"):
+                try:
+                    self.lines.put((i, json.loads(line)))
+                except json.JSONDecodeError:
+                    pass
+        self.lines.put((i, None))  # EOF
+
+    def next(self, timeout_s: float = WORKER_TIMEOUT_S) -> tuple[int, dict]:
+        """The next message of any process; a process that ends before saying "done" is an error."""
+        if self.pending:
+            return self.pending.pop(0)
+        while True:
+            try:
+                i, msg = self.lines.get(timeout=timeout_s)
+            except queue.Empty:
+                raise CalibrationError(f"a benchmark process was silent for {timeout_s:.0f} s; killed it "
+                                       f"(logs in {self.log_dir})") from None
+            if msg is not None:
+                if msg.get("event") == "done":
+                    self.finished.add(i)
+                return i, msg
+            if i in self.finished:
+                continue
+            code = self.procs[i].wait()
+            raise CalibrationError(f"benchmark process {i} exited with code {code} before it finished "
+                                   f"({self._last_line(i)}); logs in {self.log_dir}")
+
+    def expect(self, event: str, who: Iterable[int] | int) -> dict[int, dict]:
+        """One ``event`` message from each process in ``who`` (or from the first ``who``); every
+        other message stays queued for a later call, in order."""
+        want = set(range(who)) if isinstance(who, int) else set(who)
+        got: dict[int, dict] = {}
+        later = []
+        try:
+            while set(got) != want:
+                i, msg = self.next()
+                if msg.get("event") == event and i in want and i not in got:
+                    got[i] = msg
+                else:
+                    later.append((i, msg))
+        finally:
+            self.pending = later + self.pending
+        return got
+
+    def send(self, text: str) -> None:
+        for p in self.procs:
+            p.stdin.write(text + "\n")
+            p.stdin.flush()
+
+    def _last_line(self, i: int) -> str:
+        try:
+            lines = [ln for ln in (self.log_dir / f"proc{i}.log").read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return "no log"
+        return lines[-1][:300] if lines else "no output"
+
+    def close(self) -> None:
+        from layerplan.runtime.launch import _kill
+
+        _kill({i: p for i, p in enumerate(self.procs)})
+        for p in self.procs:
+            try:
+                p.stdin.close()
+            except OSError:  # a dead child's pipe
+                pass
+        for f in self.logs:
+            f.close()
+
+
+def _worker_argv(kind: str, cfg: dict) -> list[str]:
+    return [sys.executable, "-m", "layerplan.calibrate", kind, "--config", json.dumps(cfg)]
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _base_env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
+    src = str(Path(__file__).resolve().parents[1])  # a source checkout runs without installing
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _run_compute(processes: int, cfg: dict, log_dir: Path, advance) -> tuple[list[dict], list[list[dict[str, float]]]]:
+    """Layers and, per repeat, each process's seconds per forward+backward by layer key. All
+    processes start each repeat together (a "go" line), so they really share the cores."""
+    procs = _Procs([_worker_argv("compute", cfg)] * processes, [_base_env()] * processes, log_dir)
+    try:
+        ready = procs.expect("ready", processes)
+        layers = ready[0]["layers"]
+        reps = []
+        for _ in range(cfg["repeats"]):
+            procs.send("go")
+            got = procs.expect("repeat", processes)
+            reps.append([got[i]["time_s"] for i in range(processes)])
+            advance()
+        procs.expect("done", processes)
+        return layers, reps
+    finally:
+        procs.close()
+
+
+def _flops_per_s(layers: list[dict], times: dict[str, float], kind: str | None = None) -> float:
+    sel = [layer for layer in layers if kind is None or layer["kind"] == kind]
+    return sum(lyr["count"] * lyr["flops"] for lyr in sel) / sum(lyr["count"] * times[lyr["key"]] for lyr in sel)
+
+
+def compute_config(repeats: int = 3, quick: bool = False) -> dict:
+    """What ``measure_compute`` runs: nets, batches, timing window per layer, repeats."""
+    return {"nets": list(NETS), "batches": [32] if quick else [16, 64], "repeats": repeats,
+            "window_s": 0.05 if quick else 0.2, "min_iters": 1 if quick else 2}
+
+
+def link_config(repeats: int = 3, quick: bool = False, sizes: Sequence[int] | None = None) -> dict:
+    """What ``measure_links`` runs: message sizes, timing window per size, repeats."""
+    sizes = list(sizes or P2P_SIZES_BYTES)
+    if len(set(sizes)) < 2 or any(not isinstance(n, int) or n < 4 or n % 4 for n in sizes):
+        raise ConfigError(f"link sizes must be at least two different multiples of 4 bytes, got {sizes}")
+    return {"sizes": sizes, "repeats": repeats, "window_s": 0.1 if quick else 0.3, "min_iters": 2 if quick else 3,
+            "allreduce_iters": 2 if quick else 4, "timeout_s": 60.0}
+
+
+def measure_compute(repeats: int = 3, quick: bool = False, *, cfg: dict | None = None, log_dir: str | Path | None = None,
+                    advance=None, processes: int | None = None) -> dict:
+    """The compute part of ``calibrate``: FLOP/s of one process alone, then of ``processes``
+    (default: one per core) at once; the fitted ``compute_efficiency``. ``advance()`` is called
+    after every repeat of either (2 · repeats calls)."""
+    cfg = cfg or compute_config(repeats, quick)
+    cores = processes or _cores()
+    with _log_dir(log_dir) as d:
+        return _compute_section(cfg, d, advance or (lambda: None), cores)
+
+
+def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
+    device = hardware.DEVICES[DEVICE_PRESET]
+    for sub in ("compute-1", f"compute-{cores}"):
+        (log_dir / sub).mkdir(exist_ok=True)
+    layers, alone = _run_compute(1, cfg, log_dir / "compute-1", advance)
+    _, shared = _run_compute(cores, cfg, log_dir / f"compute-{cores}", advance)
+    per_thread = [_flops_per_s(layers, rep[0]) for rep in alone]
+    shared_total = [sum(_flops_per_s(layers, t) for t in rep) for rep in shared]
+    by_layer = {layer["key"]: spread([rep[0][layer["key"]] for rep in alone]) for layer in layers}
+    out = {
+        "device_preset": DEVICE_PRESET,
+        "peak_flops_per_s": device.peak_flops_per_s,
+        "nets": list(cfg["nets"]),
+        "batches": list(cfg["batches"]),
+        "threads_per_process": 1,
+        "per_thread_flops_per_s": spread(per_thread),
+        "per_thread_conv_flops_per_s": spread([_flops_per_s(layers, rep[0], "conv") for rep in alone]),
+        "per_thread_linear_flops_per_s": spread([_flops_per_s(layers, rep[0], "fc") for rep in alone]),
+        "shared_processes": cores,
+        "shared_flops_per_s": spread(shared_total),
+        "shared_per_process_flops_per_s": spread([s / cores for s in shared_total]),
+        "share_of_peak_per_thread": spread([f / device.peak_flops_per_s for f in per_thread]),
+        "share_of_peak_shared": spread([s / cores / device.peak_flops_per_s for s in shared_total]),
+        "effective_cores": spread([s / f for s, f in zip(shared_total, per_thread)]),
+        "compute_efficiency": spread([fit_compute_efficiency(layers, rep[0], device) for rep in alone]),
+        "layers": [{**layer, "time_s": by_layer[layer["key"]]["median"], "time_spread": by_layer[layer["key"]]["spread"],
+                    "flops_per_s": layer["flops"] / by_layer[layer["key"]]["median"]} for layer in layers],
+    }
+    return out
+
+
+def measure_links(on: str = "local", name: str = "default", repeats: int = 3, quick: bool = False, *,
+                  sizes: Sequence[int] | None = None, ranks: int = 3, log_dir: str | Path | None = None,
+                  advance=None) -> dict:
+    """The link part of ``calibrate``: gloo point-to-point between ranks 0 and 1 (latency and
+    payload rate fitted per repeat) and all-reduce over 2..``ranks`` ranks, over loopback
+    (``local``) or between hosts of the emulated cluster ``name``. ``advance()`` after each repeat."""
+    if on not in ("local", "emulated"):
+        raise ConfigError(f"calibrate on 'local' or 'emulated', got {on!r}")
+    if not isinstance(ranks, int) or ranks < 2:
+        raise ConfigError(f"link calibration needs at least 2 ranks, got {ranks!r}")
+    cfg = link_config(repeats, quick, sizes)
+    with _log_dir(log_dir) as d:
+        return _link_section(on, name, cfg, d, advance or (lambda: None), ranks)
+
+
+def _link_section(on: str, name: str, cfg: dict, log_dir: Path, advance, ranks: int = 3) -> dict:
+    from layerplan.runtime import emulate
+    from layerplan.runtime.launch import free_port
+
+    port = free_port()
+    if on == "local":
+        world, rate = ranks, None
+        envs = [dict(_base_env(), RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                     GLOO_SOCKET_IFNAME="lo") for r in range(world)]
+        prefixes: list[list[str]] = [[] for _ in range(world)]
+        where = "loopback"
+    else:
+        emu = _emulated(name)
+        if emu.hosts < 2:
+            raise ConfigError(f"calibrating links needs 2 hosts, cluster {name!r} has {emu.hosts}: "
+                              f"layerplan cluster up --hosts 3 --name {name}")
+        world, rate = min(ranks, emu.hosts), emu.rate_bytes_per_s
+        envs = [dict(_base_env(), **emulate.host_env(emu, r, world, 0, port)) for r in range(world)]
+        prefixes = [emu.exec_prefix(r) for r in range(world)]
+        where = f"emulated cluster {name!r}: {emu.address(0)} ↔ {emu.address(1)}"
+    ar_bytes = MAX_ALLREDUCE_BYTES if rate is None else \
+        int(min(MAX_ALLREDUCE_BYTES, max(2**20, 2 ** math.floor(math.log2(rate * 0.25)))))  # ~0.25 s on the wire
+    cfg = dict(cfg, allreduce_bytes=ar_bytes, allreduce_ranks=list(range(2, world + 1)))
+    procs = _Procs([prefix + _worker_argv("link", cfg) for prefix in prefixes], envs, log_dir)
+    try:
+        reps = []
+        for _ in range(cfg["repeats"]):
+            reps.append(procs.expect("repeat", [0])[0])  # rank 0 reports; the others only say "done"
+            advance()
+        procs.expect("done", world)
+    finally:
+        procs.close()
+    sizes = cfg["sizes"]
+    fits = [fit_link(sizes, rep["p2p_s"]) for rep in reps]
+    lat = [a / 2 for a, _ in fits]  # t = L (message) + L (ack) + bytes / B
+    bw = [b for _, b in fits]
+    out: dict[str, Any] = {
+        "where": where,
+        "configured_bytes_per_s": rate,
+        "ranks": world,
+        "sizes_bytes": sizes,
+        "p2p_time_s": [spread([rep["p2p_s"][k] for rep in reps])["median"] for k in range(len(sizes))],
+        "p2p_time_s_by_repeat": [rep["p2p_s"] for rep in reps],
+        "latency_s": spread(lat),
+        "payload_bytes_per_s": spread(bw),
+        "allreduce": {},
+    }
+    if rate is not None:
+        out["efficiency"] = spread([b / rate for b in bw])
+    for n in cfg["allreduce_ranks"]:
+        ts = [rep["allreduce_s"][str(n)] for rep in reps]
+        bus = [bus_bytes_per_s(ar_bytes, n, t) for t in ts]
+        row = {"bytes": ar_bytes, "time_s": spread(ts), "bus_bytes_per_s": spread(bus),
+               "vs_p2p": spread([x / b for x, b in zip(bus, bw)])}
+        if rate is not None:
+            row["efficiency"] = spread([x / rate for x in bus])
+        out["allreduce"][str(n)] = row
+    return out
+
+
+def _emulated(name: str):
+    from layerplan.runtime import emulate
+
+    emulate.check_available()
+    try:
+        return emulate.find(name)
+    except emulate.EmulationError:
+        raise emulate.EmulationError(f"no emulated cluster named {name!r} is up; create it first: layerplan "
+                                     f"cluster up --hosts 3 --bandwidth 1Gbit --name {name}") from None
+
+
+def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick: bool = False,
+              progress: bool = True) -> dict:
+    """Measure compute and links (see the module docstring); the result dict (JSON-able).
+
+    ``on``: "local" (links over loopback) or "emulated" (links between hosts of the emulated
+    cluster ``name``, which must be up). ``repeats``: how often each figure is measured (≥ 2 gives a
+    spread). ``quick``: batch 32 only and shorter timing windows (under a minute on 2 cores).
+    ``progress``: a rich progress bar on stderr.
+    """
+    if on not in ("local", "emulated"):
+        raise ConfigError(f"calibrate on 'local' or 'emulated', got {on!r}")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ConfigError(f"repeats must be a positive integer, got {repeats!r}")
+    if on == "emulated":
+        _emulated(name)  # fail before minutes of compute benchmarks
+    cores = _cores()
+    compute_cfg = compute_config(repeats, quick)
+    link_cfg = link_config(repeats, quick)
+    t0 = time.monotonic()
+    with _log_dir(None) as log_dir, _progress(progress) as bar:
+        task = bar.add_task("compute: 1 thread", total=3 * repeats) if bar else None
+
+        def step() -> None:
+            if bar is not None:
+                bar.advance(task)
+                done = bar.tasks[0].completed
+                if done == repeats:
+                    bar.update(task, description=f"compute: {cores} processes at once")
+                elif done == 2 * repeats:
+                    bar.update(task, description=f"links: gloo on {on}")
+
+        compute = _compute_section(compute_cfg, log_dir, step, cores)
+        (log_dir / "link").mkdir(exist_ok=True)
+        link = _link_section(on, name, link_cfg, log_dir / "link", step)
+    return {
+        "format": FORMAT_VERSION,
+        "on": on,
+        "cluster": name if on == "emulated" else None,
+        "repeats": repeats,
+        "quick": quick,
+        "duration_s": time.monotonic() - t0,
+        "machine": {"cpu": _cpu_name(), "cores": cores, "python": platform.python_version(),
+                    "when": time.strftime("%Y-%m-%d %H:%M:%S")},
+        "compute": compute,
+        "link": link,
+    }
+
+
+@contextmanager
+def _log_dir(path: str | Path | None) -> Iterator[Path]:
+    """Where benchmark processes log: ``path``, or a temporary directory that is removed after a
+    clean measurement and kept (the error names it) after a failed one."""
+    if path is not None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        yield Path(path)
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="layerplan-calibrate-"))
+    try:
+        yield tmp
+    except CalibrationError:
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _NoBar:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _progress(show: bool):
+    if not show:
+        return _NoBar()
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ---- result → cluster file -----------------------------------------------------------------------
+def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
+    """The ClusterSpec a calibration stands for: the ``cpu-core`` preset with the fitted
+    ``compute_efficiency`` (its peak raised to the measurement where that exceeds it), the fitted
+    link, and ``shared_cores`` = this machine's cores (every local or emulated rank shares them).
+    ``nodes``: default the emulated cluster's hosts, or one per core for ``local``."""
+    try:
+        comp, link = result["compute"], result["link"]
+        base = hardware.DEVICES[comp["device_preset"]]
+        eff = comp["compute_efficiency"]["median"]
+        cores = result["machine"]["cores"]
+        lat = link["latency_s"]["median"]
+        payload = link["payload_bytes_per_s"]["median"]
+    except (KeyError, TypeError) as e:
+        raise CalibrationError(f"not a calibration result: missing {e}") from None
+    peak = base.peak_flops_per_s
+    if eff > 1:  # the machine beats the preset's peak: keep the measured rate, at efficiency 1
+        peak, eff = peak * eff, 1.0
+    per_thread = comp["per_thread_flops_per_s"]["median"]
+    device = replace(base, name=f"{base.name}-calibrated", peak_flops_per_s=peak, compute_efficiency=eff,
+                     note=f"calibrated {result['machine']['when']} on {result['machine']['cpu']}: "
+                          f"{units.format_flops_rate(per_thread)} per thread (FLOP-weighted conv+linear fwd+bwd, "
+                          f"alexnet/vgg16 CIFAR layers), {units.format_flops_rate(comp['shared_flops_per_s']['median'])} "
+                          f"with {comp['shared_processes']} processes")
+    rate = link.get("configured_bytes_per_s")
+    if rate:
+        nic = hardware.LinkSpec(name=f"emulated {units.format_bandwidth(rate)}", bandwidth_bytes_per_s=rate,
+                                latency_s=lat, efficiency=min(1.0, payload / rate),
+                                note=f"calibrated gloo point-to-point, {link['where']}")
+        name = f"emulated:{result.get('cluster')}"
+        default_nodes = None
+        try:
+            from layerplan.runtime import emulate
+
+            default_nodes = emulate.find(result.get("cluster") or "default").hosts
+        except LayerplanError:
+            pass
+        default_nodes = default_nodes or link["ranks"]
+    else:
+        nic = hardware.LinkSpec(name="loopback", bandwidth_bytes_per_s=payload, latency_s=lat, efficiency=1.0,
+                                note="calibrated gloo point-to-point over loopback (bandwidth = measured payload rate)")
+        name = "calibrated-local"
+        default_nodes = cores
+    return hardware.ClusterSpec(name=name, nodes=nodes or default_nodes, device=device, nic=nic, shared_cores=cores)
+
+
+def summary_lines(result: dict) -> list[str]:
+    """The measured figures, one per line, for people (and the cluster file's header)."""
+    c, ln = result["compute"], result["link"]
+
+    def f(d: dict, fmt) -> str:
+        return f"{fmt(d['median'])} (spread {d['spread']:.1%})"
+
+    lines = [
+        f"compute, 1 thread: {f(c['per_thread_flops_per_s'], units.format_flops_rate)} = "
+        f"{c['share_of_peak_per_thread']['median']:.1%} of the {c['device_preset']} peak "
+        f"(conv {units.format_flops_rate(c['per_thread_conv_flops_per_s']['median'])}, "
+        f"linear {units.format_flops_rate(c['per_thread_linear_flops_per_s']['median'])})",
+        f"compute, {c['shared_processes']} processes at once: {f(c['shared_flops_per_s'], units.format_flops_rate)} "
+        f"in all ({c['effective_cores']['median']:.2f} cores' worth)",
+        f"fitted compute_efficiency: {f(c['compute_efficiency'], lambda v: f'{v:.3f}')}",
+        f"link ({ln['where']}): latency {f(ln['latency_s'], units.format_seconds)}, "
+        f"payload {f(ln['payload_bytes_per_s'], units.format_bandwidth)}",
+    ]
+    if "efficiency" in ln:
+        lines.append(f"link efficiency (payload / {units.format_bandwidth(ln['configured_bytes_per_s'])}): "
+                     f"{f(ln['efficiency'], lambda v: f'{v:.3f}')}")
+    for n, row in ln["allreduce"].items():
+        extra = f", {row['efficiency']['median']:.3f} of the line rate" if "efficiency" in row else ""
+        lines.append(f"all-reduce {units.format_bytes(row['bytes'], binary=True)} on {n} ranks: bus "
+                     f"{f(row['bus_bytes_per_s'], units.format_bandwidth)} = {row['vs_p2p']['median']:.2f}× p2p{extra}")
+    return lines
+
+
+def save(result: dict, path: str | Path, nodes: int | None = None) -> hardware.ClusterSpec:
+    """Write ``to_cluster(result)`` as a cluster file (.json: JSON; otherwise YAML, headed by the
+    measured figures as comments). ``hardware.load_cluster(path)`` reads it back unchanged."""
+    spec = to_cluster(result, nodes)
+    p = Path(path)
+    hardware.save_cluster(spec, p)
+    if p.suffix.lower() != ".json":
+        head = [f"# layerplan calibrate --on {result['on']}"
+                + (f" --name {result['cluster']}" if result.get("cluster") else "")
+                + f" ({result['repeats']} repeats{', quick' if result.get('quick') else ''}, {result['machine']['when']})"]
+        head += [f"# {line}" for line in summary_lines(result)]
+        p.write_text("\n".join(head) + "\n" + p.read_text())
+    return spec
+
+
+# ---- worker processes (python -m layerplan.calibrate compute|link --config JSON) ----------------
+def _emit(**msg) -> None:
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def _bench_layers(nets: Sequence[str], batches: Sequence[int]) -> list[dict]:
+    """Every distinct Conv2d / Linear of ``nets`` (input shape included), with its multiplicity."""
+    import torch
+    from torch import nn
+
+    from layerplan.netspec import zoo
+
+    found: dict[tuple, dict] = {}
+    for net_name in nets:
+        with torch.device("meta"):
+            net, in_shape = zoo.build(net_name)
+        seen: list[tuple[str, nn.Module, tuple, tuple]] = []
+        hooks = [m.register_forward_hook(lambda m, i, o, n=n: seen.append((n, m, tuple(i[0].shape[1:]), tuple(o.shape[1:]))))
+                 for n, m in net.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        with torch.no_grad():
+            net(torch.empty(1, *in_shape, device="meta"))
+        for h in hooks:
+            h.remove()
+        for idx, (mod_name, m, ishape, oshape) in enumerate(seen):
+            if isinstance(m, nn.Conv2d):
+                arch = ("conv", m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
+                        m.bias is not None, ishape, idx == 0)
+            else:
+                arch = ("fc", m.in_features, m.out_features, m.bias is not None, ishape, idx == 0)
+            if arch in found:
+                found[arch]["count"] += 1
+            else:
+                found[arch] = {"arch": arch, "name": f"{net_name}.{mod_name}", "module": m, "in_shape": ishape,
+                               "out_shape": oshape, "first": idx == 0, "count": 1}
+    out = []
+    for b in batches:
+        for d in found.values():
+            out.append({**d, "batch": b, "key": f"{d['name']}@{b}"})
+    return out
+
+
+def _make_step(item: dict):
+    """(forward+backward closure, fwd FLOPs, fwd+bwd FLOPs) of one layer at its batch, FLOPs
+    counted by FlopCounterMode (2 per multiply-add; ARCHITECTURE/EMULATION.md)."""
+    import torch
+    from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    m = item["module"]
+    if isinstance(m, nn.Conv2d):
+        mod = nn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
+                        bias=m.bias is not None)
+    else:
+        mod = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+    x = torch.randn(item["batch"], *item["in_shape"], requires_grad=not item["first"])
+    params = list(mod.parameters())
+    inputs = params + ([] if item["first"] else [x])  # the net's first layer computes no input-grad
+    g = torch.randn(item["batch"], *item["out_shape"])
+
+    def step():
+        y = mod(x)
+        torch.autograd.grad(y, inputs, g)
+
+    with FlopCounterMode(display=False) as fwd_counter:
+        y = mod(x)
+    with FlopCounterMode(display=False) as bwd_counter:
+        torch.autograd.grad(y, inputs, g)
+    fwd = int(fwd_counter.get_total_flops())
+    return step, fwd, fwd + int(bwd_counter.get_total_flops()), sum(p.numel() for p in params) * 4
+
+
+def _compute_worker(cfg: dict) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    items = _bench_layers(cfg["nets"], cfg["batches"])
+    steps = {}
+    layers = []
+    for it in items:
+        step, fwd, total, pbytes = _make_step(it)
+        step()  # warm-up: allocator, kernels
+        steps[it["key"]] = step
+        layers.append({"key": it["key"], "kind": it["arch"][0], "op": "Conv2d" if it["arch"][0] == "conv" else "Linear",
+                       "batch": it["batch"], "count": it["count"], "first": it["first"], "fwd_flops": fwd,
+                       "flops": total, "param_bytes": pbytes, "in_bytes": math.prod(it["in_shape"]) * 4,
+                       "out_bytes": math.prod(it["out_shape"]) * 4})
+    _emit(event="ready", layers=layers)
+    for rep in range(cfg["repeats"]):
+        if sys.stdin.readline().strip() != "go":
+            return
+        times = {}
+        for key, step in steps.items():  # a time window per layer keeps concurrent processes in step
+            n, t0 = 0, time.perf_counter()
+            while True:
+                step()
+                n += 1
+                el = time.perf_counter() - t0
+                if n >= cfg["min_iters"] and el >= cfg["window_s"]:
+                    break
+            times[key] = el / n
+        _emit(event="repeat", rep=rep, time_s=times)
+    _emit(event="done")
+
+
+def _link_worker(cfg: dict) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg["timeout_s"]))
+    pair = dist.new_group([0, 1])  # every rank creates every group, in the same order
+    groups = {n: (dist.new_group(list(range(n))) if n < world else None) for n in cfg["allreduce_ranks"]}
+    ack = torch.zeros(ACK_BYTES // 4)
+    count = torch.zeros(1, dtype=torch.int64)
+    for rep in range(cfg["repeats"]):
+        p2p = []
+        est_s = 1e-3
+        for size in cfg["sizes"]:
+            buf = torch.ones(size // 4)
+            if rank == 0:  # rank 0 picks the iterations from the last size's time and tells rank 1
+                count[0] = max(cfg["min_iters"], min(200, math.ceil(cfg["window_s"] / est_s)))
+                dist.send(count, 1, group=pair)
+            elif rank == 1:
+                dist.recv(count, 0, group=pair)
+            if rank > 1:
+                continue
+            times = []
+            for _ in range(int(count[0]) + 1):  # the first is a warm-up
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, 1, group=pair)
+                    dist.recv(ack, 1, group=pair)
+                else:
+                    dist.recv(buf, 0, group=pair)
+                    dist.send(ack, 0, group=pair)
+                times.append(time.perf_counter() - t0)
+            typical = lower_quartile(times[1:])
+            p2p.append(typical)
+            est_s = typical * 4  # sizes grow ×4
+        dist.barrier()
+        ar = {}
+        for n, group in groups.items():
+            if rank < n:
+                t = torch.ones(cfg["allreduce_bytes"] // 4)
+                times = []
+                for _ in range(cfg["allreduce_iters"] + 1):
+                    t0 = time.perf_counter()
+                    dist.all_reduce(t, group=group)
+                    times.append(time.perf_counter() - t0)
+                ar[str(n)] = statistics.median(times[1:])
+            dist.barrier()
+        if rank == 0:
+            _emit(event="repeat", rep=rep, p2p_s=p2p, allreduce_s=ar)
+    dist.barrier()
+    _emit(event="done")
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m layerplan.calibrate", description="a calibration benchmark process")
+    ap.add_argument("kind", choices=("compute", "link"))
+    ap.add_argument("--config", required=True)
+    args = ap.parse_args(argv)
+    cfg = json.loads(args.config)
+    (_compute_worker if args.kind == "compute" else _link_worker)(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    code = _main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown: gloo's threads can abort from C++ destructors

@@ -1,0 +1,343 @@
+"""`layerplan validate`: run a matrix of strategies × networks × workers × link rates on the emulated
+cluster and compare every measured step with the cost engine's prediction for it.
+
+Per configuration: the median step after warm-up (runtime), the prediction with the calibrated
+cluster and with presets only, the error (predicted − measured) / measured, the lower bound
+max(compute, bytes / bandwidth) and the measured efficiency against it. Summary: median, p90 and
+max |error|, Spearman ρ between predicted and measured step time, and per scenario (net, workers,
+rate) whether the predicted best strategy is the measured best.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, replace  # noqa: F401  (replace: used by the CLI)
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from layerplan import hardware, units
+from layerplan.errors import ConfigError
+
+RUNTIME_STRATEGIES = ("ps", "allreduce", "stanza", "ralp")
+EMULATION_NAME = "validate"
+
+
+@dataclass(frozen=True)
+class Matrix:
+    models: tuple[str, ...]
+    workers: tuple[int, ...]
+    rates: tuple[str, ...]
+    strategies: tuple[str, ...] = RUNTIME_STRATEGIES
+    batch_size: int = 16
+    target_s: float = 12.0
+    """Measure about this long per configuration (steps = target / predicted step, clamped)."""
+    min_steps: int = 3
+    max_steps: int = 12
+
+
+MATRICES = {
+    # FC-heavy (alexnet_cifar) and conv-heavy (resnet_cifar), 2 workers, 100 Mbit/s and 1 Gbit/s.
+    "quick": Matrix(models=("alexnet_cifar", "resnet_cifar"), workers=(2,), rates=("100Mbit", "1Gbit"), target_s=8.0,
+                    max_steps=8),
+    # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, and 10 Gbit/s.
+    "full": Matrix(models=("vgg16_cifar", "alexnet_cifar", "resnet_cifar"), workers=(2, 4),
+                   rates=("100Mbit", "1Gbit", "10Gbit")),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    strategy: str
+    workers: int
+    rate: str
+    config: dict
+
+    @property
+    def scenario(self) -> tuple[str, int, str]:
+        return (self.model, self.workers, self.rate)
+
+
+def cases(matrix: Matrix) -> list[Case]:
+    """Every (model, workers, rate, strategy) of the matrix with the runtime config it runs: ps with
+    one server, allreduce (DDP), stanza with one FC worker, ralp (RALP-N) at the profile's split."""
+    out = []
+    for rate in matrix.rates:
+        for model in matrix.models:
+            for n in matrix.workers:
+                for s in matrix.strategies:
+                    cfg = {"ps": {"workers": n, "servers": 1}, "allreduce": {"workers": n},
+                           "stanza": {"conv_workers": n, "fc_workers": 1}, "ralp": {"workers": n}}[s]
+                    out.append(Case(model, s, n, rate, cfg))
+    return out
+
+
+def lower_bound_s(pred: dict, rate_bytes_per_s: float) -> tuple[float, float, float]:
+    """(bound, compute, communication): the busiest role's compute time (cores shared: the sum of
+    every rank's compute over the cores) and the most bytes one NIC moves in one direction over the
+    line rate. No schedule can beat either."""
+    groups = pred["groups"]
+    comp_role = max((b["compute_s"] for b in pred["breakdown"].values()), default=0.0)
+    cores = (pred.get("cluster") or {}).get("shared_cores")
+    if cores:
+        total = sum(b["compute_s"] * groups.get(r, 1) for r, b in pred["breakdown"].items())
+        comp_role = max(comp_role, total / cores)
+    b = pred["bytes_per_step"]
+    sent = b.get("wire_per_role") or {}
+    recv = b.get("wire_received_per_role") or {}
+    nic = max([*sent.values(), *recv.values(), 0.0])
+    comm = nic / rate_bytes_per_s
+    return max(comp_role, comm), comp_role, comm
+
+
+def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix,
+             run_dir: Path) -> dict[str, Any]:
+    from layerplan.runtime.launch import launch_emulated
+    from layerplan.runtime.predict import predict_run
+    from layerplan.runtime.run_spec import RunSpec
+
+    spec = RunSpec(model=case.model, strategy=case.strategy, config=case.config, batch_size=matrix.batch_size,
+                   steps=matrix.max_steps, progress=False, timeout_s=60.0)
+    preset_cluster = emu.cluster_spec()
+    cluster = calibrated_for(emu, calibrated) if calibrated else preset_cluster
+    pred = predict_run(spec, cluster)
+    preset = predict_run(spec, preset_cluster) if calibrated else pred
+    steps = max(matrix.min_steps, min(matrix.max_steps, math.ceil(matrix.target_s / max(pred["step_time_s"], 1e-3))))
+    spec = spec.replace(steps=steps + spec.warmup_steps,
+                        timeout_s=max(60.0, 10 * pred["step_time_s"]))
+    t0 = time.perf_counter()
+    m = launch_emulated(spec, emu.name, run_dir=run_dir, quiet=True)
+    wall = time.perf_counter() - t0
+    bound, comp, comm = lower_bound_s(pred, emu.rate_bytes_per_s)
+    meas = m["step_time_s"]
+    return {
+        "model": case.model, "strategy": case.strategy, "workers": case.workers, "rate": case.rate,
+        "rate_bytes_per_s": emu.rate_bytes_per_s, "config": pred["config"], "batch_size": spec.batch_size,
+        "global_batch": m["global_batch"], "steps_measured": len(m["step_times_s"]) - m["warmup_steps"]
+        if "step_times_s" in m else steps,
+        "measured_step_s": meas, "predicted_step_s": pred["step_time_s"],
+        "error": (pred["step_time_s"] - meas) / meas,
+        "preset_predicted_step_s": preset["step_time_s"], "preset_error": (preset["step_time_s"] - meas) / meas,
+        "measured_throughput": m["throughput_samples_per_s"], "predicted_throughput": pred["throughput_samples_per_s"],
+        "lower_bound_s": bound, "lower_bound_compute_s": comp, "lower_bound_comm_s": comm,
+        "efficiency": bound / meas if meas else None,
+        "measured_bytes_per_step": m["bytes_per_step"]["total"], "predicted_bytes_per_step": pred["bytes_per_step"]["total"],
+        "bottleneck": pred["bottleneck"], "wall_s": wall,
+    }
+
+
+def calibrated_for(emu, calibrated: hardware.ClusterSpec) -> hardware.ClusterSpec:
+    """The emulated cluster's spec with the calibrated device and link efficiency/latency."""
+    base = emu.cluster_spec(device=calibrated.device)
+    nic = replace(base.nic, efficiency=calibrated.nic.efficiency, latency_s=calibrated.nic.latency_s)
+    return replace(base, nic=nic)
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    if len(x) < 3:
+        return None
+    from scipy.stats import spearmanr
+
+    rho = spearmanr(x, y).statistic
+    return None if rho is None or not math.isfinite(rho) else float(rho)
+
+
+def percentile(values: list[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(rows: list[dict]) -> dict[str, Any]:
+    errs = [abs(r["error"]) for r in rows]
+    preset = [abs(r["preset_error"]) for r in rows]
+    scenarios: dict[tuple, list[dict]] = {}
+    for r in rows:
+        scenarios.setdefault((r["model"], r["workers"], r["rate"]), []).append(r)
+    best = []
+    for key, rs in scenarios.items():
+        if len(rs) < 2:
+            continue
+        p = max(rs, key=lambda r: r["predicted_throughput"])
+        m = max(rs, key=lambda r: r["measured_throughput"])
+        best.append({"model": key[0], "workers": key[1], "rate": key[2], "predicted_best": p["strategy"],
+                     "measured_best": m["strategy"], "match": p["strategy"] == m["strategy"]})
+    return {
+        "configurations": len(rows),
+        "median_abs_error": statistics.median(errs) if errs else None,
+        "p90_abs_error": percentile(errs, 90) if errs else None,
+        "max_abs_error": max(errs) if errs else None,
+        "preset_median_abs_error": statistics.median(preset) if preset else None,
+        "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
+        "best_match_fraction": (sum(b["match"] for b in best) / len(best)) if best else None,
+        "scenarios": best,
+        "speedups": speedups(rows),
+    }
+
+
+def speedups(rows: list[dict]) -> list[dict]:
+    """Stanza against ps and against DDP in every scenario that has them: measured and predicted."""
+    out = []
+    by = {(r["model"], r["workers"], r["rate"], r["strategy"]): r for r in rows}
+    for (model, n, rate, s), r in by.items():
+        if s != "stanza":
+            continue
+        for peer in ("ps", "allreduce"):
+            q = by.get((model, n, rate, peer))
+            if q:
+                meas = q["measured_step_s"] / r["measured_step_s"]
+                pred = q["predicted_step_s"] / r["predicted_step_s"]
+                out.append({"model": model, "workers": n, "rate": rate, "vs": peer, "measured": meas, "predicted": pred,
+                            "error": (pred - meas) / meas})
+    return out
+
+
+def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | None = None,
+             progress: Callable[[str], None] | None = None, skip: Callable[[Case, str], None] | None = None) -> dict:
+    """Run the matrix; returns {"summary", "rows", "skipped"} and writes validate.json + plots."""
+    from layerplan.runtime import emulate
+    from layerplan.runtime.model import check, resolve
+    from layerplan.runtime.run_spec import RunSpec
+
+    emulate.check_available()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo, skipped = [], []
+    for c in cases(matrix):
+        try:
+            spec = RunSpec(model=c.model, strategy=c.strategy, config=c.config, batch_size=matrix.batch_size)
+            net, _ = resolve(spec)
+            check(spec, net)
+            todo.append(c)
+        except ConfigError as e:
+            skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate, "reason": str(e)})
+            if skip:
+                skip(c, str(e))
+    hosts = max(w for c in todo for w in [c.workers + (0 if c.strategy == "allreduce" else 1)]) if todo else 0
+    rows: list[dict] = []
+    for rate in matrix.rates:
+        batch = [c for c in todo if c.rate == rate]
+        if not batch:
+            continue
+        with emulate.running(hosts, rate, EMULATION_NAME) as emu:
+            for c in batch:
+                if progress:
+                    progress(f"{c.model} {c.strategy} {c.workers}w {rate}")
+                rows.append(run_case(c, emu, calibrated, matrix, out_dir / "runs"))
+                write(out_dir, rows, skipped, calibrated)  # a partial result survives an interrupted run
+    return write(out_dir, rows, skipped, calibrated)
+
+
+def write(out_dir: Path, rows: list[dict], skipped: list[dict], calibrated) -> dict:
+    doc = {"summary": summarize(rows), "rows": rows, "skipped": skipped,
+           "calibrated_cluster": calibrated.to_dict() if calibrated else None}
+    from layerplan.runtime.checkpoint import atomic_write_json
+
+    atomic_write_json(out_dir / "validate.json", doc)
+    if rows:
+        scatter_plot(rows, out_dir / "predicted-vs-measured.png")
+        bars_plot(rows, out_dir / "throughput-by-strategy.png")
+    return doc
+
+
+def scatter_plot(rows: list[dict], path: Path) -> None:
+    from layerplan.plots import _pyplot, _save
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 6))
+    marks = {"ps": "o", "allreduce": "s", "stanza": "^", "ralp": "D", "groups": "v", "hybrid": "P"}
+    for s in dict.fromkeys(r["strategy"] for r in rows):
+        rs = [r for r in rows if r["strategy"] == s]
+        ax.scatter([r["measured_step_s"] for r in rs], [r["predicted_step_s"] for r in rs], marker=marks.get(s, "x"),
+                   label=s, alpha=0.8)
+    lo = min(min(r["measured_step_s"], r["predicted_step_s"]) for r in rows) * 0.8
+    hi = max(max(r["measured_step_s"], r["predicted_step_s"]) for r in rows) * 1.25
+    ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="y = x")
+    ax.plot([lo, hi], [lo * 1.1, hi * 1.1], "k:", lw=0.8, label="±10%")
+    ax.plot([lo, hi], [lo / 1.1, hi / 1.1], "k:", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
+    s = summarize(rows)
+    ax.set_title(f"predicted vs measured, emulated cluster ({len(rows)} configs)\n"
+                 f"median |error| {100 * s['median_abs_error']:.1f}%, Spearman ρ "
+                 f"{s['spearman'] if s['spearman'] is None else round(s['spearman'], 3)}")
+    ax.legend()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def bars_plot(rows: list[dict], path: Path) -> None:
+    from layerplan.plots import _pyplot, _save
+
+    plt = _pyplot()
+    scen = list(dict.fromkeys((r["model"], r["workers"], r["rate"]) for r in rows))
+    strats = list(dict.fromkeys(r["strategy"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(scen)), 4.8))
+    w = 0.8 / max(1, len(strats))
+    for j, s in enumerate(strats):
+        xs, meas, pred = [], [], []
+        for i, key in enumerate(scen):
+            r = next((r for r in rows if (r["model"], r["workers"], r["rate"]) == key and r["strategy"] == s), None)
+            if r:
+                xs.append(i + (j - (len(strats) - 1) / 2) * w)
+                meas.append(r["measured_throughput"])
+                pred.append(r["predicted_throughput"])
+        ax.bar(xs, meas, width=w, label=f"{s} measured")
+        ax.scatter(xs, pred, marker="_", s=300, color="k", zorder=3, label="predicted" if j == 0 else None)
+    ax.set_xticks(range(len(scen)))
+    ax.set_xticklabels([f"{m}\n{n} workers, {r}" for m, n, r in scen], fontsize=8)
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_title("measured throughput by strategy on the emulated cluster (black: predicted)")
+    ax.legend(fontsize=8, ncol=2)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def print_rows(rows: Iterable[dict], con=None) -> None:
+    from rich.table import Table
+
+    from layerplan.report import console
+
+    con = con or console()
+    t = Table(title="predicted vs measured (median step after warm-up)")
+    for col in ("net", "workers", "rate", "strategy", "measured", "predicted", "error", "presets", "lower bound", "efficiency"):
+        t.add_column(col, justify="left" if col in ("net", "strategy", "rate") else "right")
+    for r in rows:
+        t.add_row(r["model"], str(r["workers"]), r["rate"], r["strategy"], units.format_seconds(r["measured_step_s"]),
+                  units.format_seconds(r["predicted_step_s"]), f"{100 * r['error']:+.1f}%", f"{100 * r['preset_error']:+.1f}%",
+                  units.format_seconds(r["lower_bound_s"]), f"{100 * r['efficiency']:.0f}%")
+    con.print(t)
+
+
+def print_summary(doc: dict, con=None) -> None:
+    from layerplan.report import console
+
+    con = con or console()
+    s = doc["summary"]
+
+    def pc(x):
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    con.print(f"[bold]{s['configurations']} configurations[/]: median |error| {pc(s['median_abs_error'])}, "
+              f"p90 {pc(s['p90_abs_error'])}, max {pc(s['max_abs_error'])}; presets only: median "
+              f"{pc(s['preset_median_abs_error'])}; Spearman ρ "
+              f"{'–' if s['spearman'] is None else format(s['spearman'], '.3f')}; predicted best = measured best in "
+              f"{pc(s['best_match_fraction'])} of scenarios")
+    for b in s["scenarios"]:
+        con.print(f"  {b['model']}, {b['workers']} workers, {b['rate']}: predicted best {b['predicted_best']}, "
+                  f"measured best {b['measured_best']} {'✓' if b['match'] else '✗'}")
+    for sp in s["speedups"]:
+        con.print(f"  stanza vs {sp['vs']} ({sp['model']}, {sp['workers']} workers, {sp['rate']}): measured "
+                  f"{sp['measured']:.2f}×, predicted {sp['predicted']:.2f}× ({100 * sp['error']:+.1f}%)")
+    for k in doc.get("skipped", []):
+        con.print(f"  skipped {k['model']} {k['strategy']} {k['workers']}w {k['rate']}: {k['reason']}")
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,163 @@
+"""Calibration: the fits recover what generated their data, the cluster file round-trips through
+layerplan's loader (and the CLI), and one real point-to-point measurement gives a positive rate."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from layerplan import calibrate, cli, hardware
+from layerplan.errors import ConfigError
+
+
+def test_fit_link_ignores_a_token_bucket_burst():
+    """Messages up to the tbf burst (125 kB at 1 Gbit/s) pass at the veth's speed: the slope must
+    come from the large ones, or the bandwidth comes out above the line rate."""
+    sizes, burst, rate, lat = list(calibrate.P2P_SIZES_BYTES), 125_000, 125e6 * 0.956, 70e-6
+    times = [2 * lat + max(0, n - burst) / rate + min(n, burst) / 1.2e9 for n in sizes]
+    a, b = calibrate.fit_link(sizes, times)
+    assert b == pytest.approx(rate, rel=0.01) and a == pytest.approx(2 * lat, rel=0.1)
+
+
+def test_fit_link_recovers_latency_and_bandwidth_exactly():
+    sizes = list(calibrate.P2P_SIZES_BYTES)
+    for intercept_s, bw in [(150e-6, 1.2e9), (2e-3, 11.95e6), (0.0, 5e9)]:
+        times = [intercept_s + n / bw for n in sizes]
+        a, b = calibrate.fit_link(sizes, times)
+        assert a == pytest.approx(intercept_s, rel=1e-9, abs=1e-15)
+        assert b == pytest.approx(bw, rel=1e-9)
+
+
+def test_fit_link_clamps_a_negative_intercept_and_rejects_too_few_points():
+    sizes = [1024, 1 << 20, 16 << 20]
+    a, b = calibrate.fit_link(sizes, [n / 1e9 - 1e-6 for n in sizes])
+    assert a == 0.0 and b == pytest.approx(1e9, rel=1e-9)
+    with pytest.raises(calibrate.CalibrationError, match="two different message sizes"):
+        calibrate.fit_link([1024, 1024], [1e-4, 1e-4])
+    with pytest.raises(calibrate.CalibrationError, match="positive sizes and times"):
+        calibrate.fit_link([1024, 2048], [1e-4, 0.0])
+
+
+def _layers():
+    def layer(key, kind, batch, count, flops_per_sample, fwd_share, in_b, out_b, p_b, first=False):
+        return {"key": key, "kind": kind, "op": "Conv2d" if kind == "conv" else "Linear", "batch": batch,
+                "count": count, "first": first, "flops": flops_per_sample * batch,
+                "fwd_flops": int(flops_per_sample * fwd_share) * batch, "in_bytes": in_b, "out_bytes": out_b,
+                "param_bytes": p_b}
+
+    return [layer("c1@16", "conv", 16, 2, 3 * 3_538_944, 1 / 3, 12288, 262144, 7168, first=True),
+            layer("c2@16", "conv", 16, 1, 3 * 150_994_944, 1 / 3, 262144, 262144, 147712),
+            layer("f1@64", "fc", 64, 2, 3 * 33_554_432, 1 / 3, 16384, 16384, 16_781_312)]
+
+
+def test_fit_compute_efficiency_inverts_the_engines_layer_time():
+    from layerplan.cost.compute import layer_time_s
+
+    layers = _layers()
+    device = hardware.DEVICES["cpu-core"]
+    for eff in (0.31, 0.63, 0.9):
+        truth = replace(device, compute_efficiency=eff)
+        times = {}
+        for layer in layers:
+            spec = calibrate.layer_spec(layer)
+            times[layer["key"]] = sum(layer_time_s(spec, truth, layer["batch"], direction=d, in_bytes=layer["in_bytes"])
+                                      for d in ("fwd", "bwd"))
+        assert calibrate.fit_compute_efficiency(layers, times, device) == pytest.approx(eff, rel=1e-9)
+    with pytest.raises(calibrate.CalibrationError, match="faster than the preset's memory bandwidth"):
+        calibrate.fit_compute_efficiency(layers, {k: 1e-12 for k in times}, device)
+
+
+def test_spread_and_bus_bandwidth():
+    s = calibrate.spread([2.0, 1.0, 4.0])
+    assert s["median"] == 2.0 and s["spread"] == 1.5
+    assert calibrate.lower_quartile([5.0, 1.0, 2.0, 3.0, 4.0]) == 2.0
+    assert calibrate.lower_quartile([1.0, 2.0]) == 1.25
+    assert calibrate.bus_bytes_per_s(1000, 2, 1.0) == 1000  # nccl-tests: busBw = algBw · 2(n−1)/n
+    assert calibrate.bus_bytes_per_s(900, 3, 1.0) == pytest.approx(1200)
+
+
+def fake_result(on="emulated", eff=0.62, payload=119.5e6):
+    s = calibrate.spread
+    return {
+        "format": 1, "on": on, "cluster": "lab" if on == "emulated" else None, "repeats": 2, "quick": True,
+        "machine": {"cpu": "test cpu", "cores": 2, "python": "3", "when": "2026-01-01 00:00:00"},
+        "compute": {"device_preset": "cpu-core", "peak_flops_per_s": 160e9, "shared_processes": 2,
+                    "compute_efficiency": s([eff, eff * 1.01]), "per_thread_flops_per_s": s([95e9, 96e9]),
+                    "per_thread_conv_flops_per_s": s([105e9]), "per_thread_linear_flops_per_s": s([40e9]),
+                    "shared_flops_per_s": s([180e9, 185e9]), "share_of_peak_per_thread": s([0.6]),
+                    "effective_cores": s([1.9])},
+        "link": {"where": "somewhere", "configured_bytes_per_s": 125e6 if on == "emulated" else None, "ranks": 3,
+                 "latency_s": s([80e-6, 90e-6]), "payload_bytes_per_s": s([payload, payload * 1.001]),
+                 **({"efficiency": s([payload / 125e6])} if on == "emulated" else {}),
+                 "allreduce": {"2": {"bytes": 2**24, "bus_bytes_per_s": s([118e6]), "vs_p2p": s([0.99]),
+                                     **({"efficiency": s([0.944])} if on == "emulated" else {})}}},
+    }
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+@pytest.mark.parametrize("on", ["emulated", "local"])
+def test_cluster_file_round_trips_through_the_loader_and_the_cli(tmp_path, capsys, suffix, on):
+    result = fake_result(on)
+    path = tmp_path / f"calibrated{suffix}"
+    spec = calibrate.save(result, path, nodes=3)
+    assert spec == calibrate.to_cluster(result, nodes=3)
+    assert hardware.load_cluster(path) == spec
+    assert hardware.resolve_cluster(str(path)) == spec
+    assert spec.device.compute_efficiency == pytest.approx(result["compute"]["compute_efficiency"]["median"])
+    assert spec.shared_cores == 2 and spec.nodes == 3 and spec.device.kind == "cpu"
+    if on == "emulated":
+        assert spec.nic.bandwidth_bytes_per_s == 125e6 and spec.nic.efficiency == pytest.approx(0.956, rel=1e-3)
+    else:
+        assert spec.nic.payload_bytes_per_s == pytest.approx(119.5e6, rel=1e-3)
+    assert spec.nic.latency_s == pytest.approx(85e-6)
+    if suffix == ".yaml":
+        assert path.read_text().startswith("# layerplan calibrate --on ")
+    assert cli.main(["hardware", "--cluster", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == spec.to_dict()
+
+
+def test_a_machine_faster_than_the_preset_keeps_its_measured_rate():
+    spec = calibrate.to_cluster(fake_result("local", eff=1.25), nodes=2)
+    assert spec.device.compute_efficiency == 1.0
+    assert spec.device.achieved_flops_per_s == pytest.approx(1.25 * 1.005 * 160e9)  # the median of the two
+
+
+def test_bad_arguments_are_config_errors():
+    with pytest.raises(ConfigError, match="'local' or 'emulated'"):
+        calibrate.calibrate(on="cloud")
+    with pytest.raises(ConfigError, match="repeats"):
+        calibrate.calibrate(repeats=0)
+    with pytest.raises(ConfigError, match="multiples of 4"):
+        calibrate.measure_links(sizes=[1024, 1023])
+    with pytest.raises(calibrate.CalibrationError, match="not a calibration result"):
+        calibrate.to_cluster({"compute": {}})
+
+
+def test_benchmark_messages_are_never_lost_whatever_order_they_arrive_in(tmp_path):
+    """Rank 1 says "done" long before rank 0 reports: waiting for rank 0 must not eat rank 1's line."""
+    import sys
+
+    say = "import json, time, sys; time.sleep({}); [print(json.dumps({{'event': e}}), flush=True) for e in {}]"
+    argvs = [[sys.executable, "-c", say.format(0.3, ["repeat", "done"])], [sys.executable, "-c", say.format(0, ["done"])]]
+    procs = calibrate._Procs(argvs, [None, None], tmp_path)
+    try:
+        assert procs.expect("repeat", [0]) == {0: {"event": "repeat"}}
+        assert set(procs.expect("done", 2)) == {0, 1}
+    finally:
+        procs.close()
+    bad = calibrate._Procs([[sys.executable, "-c", "import sys; sys.exit('boom')"]], [None], tmp_path)
+    try:
+        with pytest.raises(calibrate.CalibrationError, match=r"process 0 exited with code 1 before it finished \(boom\)"):
+            bad.expect("ready", 1)
+    finally:
+        bad.close()
+
+
+@pytest.mark.dist
+def test_a_real_loopback_measurement_gives_a_positive_rate():
+    link = calibrate.measure_links("local", repeats=1, quick=True, sizes=[1024, 1 << 20], ranks=2)
+    assert link["payload_bytes_per_s"]["median"] > 0 and link["latency_s"]["median"] >= 0
+    assert len(link["p2p_time_s"]) == 2 and all(t > 0 for t in link["p2p_time_s"])
+    assert link["allreduce"]["2"]["bus_bytes_per_s"]["median"] > 0

@@ -1,0 +1,85 @@
+"""validate's arithmetic (error statistics, Spearman ρ, best-strategy agreement, lower bound) on
+rows built in the test, the matrix it runs, and one real end-to-end run on an emulated cluster."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from layerplan import validate
+
+
+def row(model, strategy, meas, pred, workers=2, rate="1Gbit", preset=None):
+    return {"model": model, "strategy": strategy, "workers": workers, "rate": rate, "measured_step_s": meas,
+            "predicted_step_s": pred, "error": (pred - meas) / meas,
+            "preset_error": ((preset or pred) - meas) / meas, "measured_throughput": 32 / meas,
+            "predicted_throughput": 32 / pred}
+
+
+def test_summary_statistics_follow_their_definitions():
+    rows = [row("a", "ps", 1.0, 1.1), row("a", "allreduce", 0.5, 0.45), row("a", "stanza", 0.25, 0.26),
+            row("b", "ps", 2.0, 1.0, preset=4.0), row("b", "stanza", 1.0, 1.2)]
+    s = validate.summarize(rows)
+    errs = sorted(abs(r["error"]) for r in rows)
+    assert s["configurations"] == 5
+    assert s["median_abs_error"] == pytest.approx(statistics.median(errs))
+    assert s["max_abs_error"] == pytest.approx(0.5)
+    assert errs[-2] <= s["p90_abs_error"] <= errs[-1]
+    assert s["preset_median_abs_error"] == pytest.approx(statistics.median(
+        sorted(abs(r["preset_error"]) for r in rows)))
+    # scenario a: stanza fastest both ways; scenario b: predicted ps (1.0 s) but measured stanza (1.0 vs 2.0)
+    assert {(b["model"], b["match"]) for b in s["scenarios"]} == {("a", True), ("b", False)}
+    assert s["best_match_fraction"] == 0.5
+    sp = {(x["model"], x["vs"]): x for x in s["speedups"]}
+    assert sp[("a", "ps")]["measured"] == pytest.approx(4.0) and sp[("a", "ps")]["predicted"] == pytest.approx(1.1 / 0.26)
+
+
+def test_spearman_is_rank_correlation():
+    assert validate.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert validate.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert validate.spearman([1, 2, 3, 4], [1, 4, 9, 100]) == pytest.approx(1.0)  # monotone, not linear
+    assert validate.spearman([1, 2], [1, 2]) is None
+
+
+def test_lower_bound_is_the_larger_of_compute_and_nic_time():
+    pred = {"groups": {"worker": 2, "server": 1},
+            "breakdown": {"worker": {"compute_s": 0.3, "comm_s": 1}, "server": {"compute_s": 0.1, "comm_s": 1}},
+            "bytes_per_step": {"wire_per_role": {"worker": 100.0, "server": 200.0},
+                               "wire_received_per_role": {"worker": 200.0, "server": 250.0}},
+            "cluster": {"shared_cores": None}}
+    assert validate.lower_bound_s(pred, 1000.0) == pytest.approx((0.3, 0.3, 0.25))
+    pred["cluster"]["shared_cores"] = 1  # 2 workers × 0.3 + 0.1 on one core
+    assert validate.lower_bound_s(pred, 1000.0)[1] == pytest.approx(0.7)
+    assert validate.lower_bound_s(pred, 100.0)[0] == pytest.approx(2.5)
+
+
+def test_matrices_cover_what_the_summary_needs():
+    quick = validate.cases(validate.MATRICES["quick"])
+    full = validate.cases(validate.MATRICES["full"])
+    assert {c.strategy for c in quick} == set(validate.RUNTIME_STRATEGIES)
+    assert len(full) >= 24 and {c.model for c in full} >= {"vgg16_cifar", "alexnet_cifar", "resnet_cifar"}
+    assert {c.rate for c in full} == {"100Mbit", "1Gbit", "10Gbit"} and 4 in {c.workers for c in full}
+
+
+@pytest.mark.dist
+def test_validate_runs_the_matrix_on_an_emulated_cluster(tmp_path):
+    from layerplan.runtime import emulate
+
+    try:
+        emulate.check_available()
+    except emulate.EmulationError as e:
+        pytest.skip(f"no emulated cluster here: {e}")
+    m = validate.Matrix(models=("debug",), workers=(2,), rates=("1Gbit",), strategies=("ps", "allreduce"),
+                        target_s=0.5, min_steps=2, max_steps=3)
+    doc = validate.validate(m, tmp_path, None)
+    saved = json.loads((tmp_path / "validate.json").read_text())
+    assert saved["summary"] == json.loads(json.dumps(doc["summary"]))
+    assert [r["strategy"] for r in doc["rows"]] == ["ps", "allreduce"]
+    for r in doc["rows"]:
+        assert r["measured_step_s"] > 0 and r["predicted_step_s"] > 0
+        assert r["measured_bytes_per_step"] == pytest.approx(r["predicted_bytes_per_step"], rel=0.02)
+    assert (tmp_path / "predicted-vs-measured.png").stat().st_size > 0
+    assert (tmp_path / "throughput-by-strategy.png").stat().st_size > 0
+    assert not [ns for ns in emulate.namespaces() if ns.startswith(f"{emulate.PREFIX}-{validate.EMULATION_NAME}-")]
