@@ -181,3 +181,20 @@ def test_no_torch_under_cost():
     for path in pathlib.Path(cost.__file__).parent.glob("*.py"):
         text = path.read_text()
         assert "import torch" not in text and "from torch" not in text, path
+
+
+def test_fc_layers_use_their_own_efficiency_where_given():
+    """PALEO §3.3: PPP per layer type. fc_efficiency changes FC layers only; None keeps one figure."""
+    dev = DeviceSpec(name="d", peak_flops_per_s=1e12, mem_bandwidth_bytes_per_s=1e30, memory_bytes=1e9,
+                     compute_efficiency=0.5)
+    fc = layer("fc", "fc", ("x",), params=1000, out=(10,), fwd=2000)
+    conv = layer("c", "conv", ("x",), params=1000, out=(10,), fwd=2000)
+    base_fc = compute.layer_time_s(fc, dev, 8, direction="fwd", in_bytes=0)
+    base_conv = compute.layer_time_s(conv, dev, 8, direction="fwd", in_bytes=0)
+    assert base_fc == pytest.approx(8 * 2000 / 0.5e12) == pytest.approx(base_conv)
+    slow = DeviceSpec(name="d", peak_flops_per_s=1e12, mem_bandwidth_bytes_per_s=1e30, memory_bytes=1e9,
+                      compute_efficiency=0.5, fc_efficiency=0.2)
+    assert compute.layer_time_s(fc, slow, 8, direction="fwd", in_bytes=0) == pytest.approx(8 * 2000 / 0.2e12)
+    assert compute.layer_time_s(conv, slow, 8, direction="fwd", in_bytes=0) == pytest.approx(base_conv)
+    with pytest.raises(Exception, match="fc_efficiency"):
+        DeviceSpec(name="d", peak_flops_per_s=1e12, mem_bandwidth_bytes_per_s=1e9, memory_bytes=1e9, fc_efficiency=0)

@@ -188,3 +188,31 @@ def test_plan_file_round_trip_and_strictness(tmp_path):
     path.write_text(text)
     with pytest.raises(Exception, match="unknown key"):
         planner.Plan.load(path)
+
+
+def _zoo_names():
+    torch = pytest.importorskip("torch")  # noqa: F841  (the zoo is analysed with torch)
+    from layerplan.netspec.zoo import ZOO
+
+    return list(ZOO)
+
+
+@pytest.mark.parametrize("model", _zoo_names())
+def test_every_zoo_model_and_strategy_answers_or_says_why(model):
+    """predict for every strategy's default config and plan on a preset cluster: a Prediction, or a
+    ConfigError whose message names the reason (no FC phase, no split, does not fit ...)."""
+    from layerplan.netspec.load import resolve_model
+
+    net, _ = resolve_model(model)
+    cluster = hardware.resolve_cluster("titan-x", nodes=8)
+    for name, s in strategies.STRATEGIES.items():
+        try:
+            cfg = s.default(net, cluster, 16)
+            pred = strategies.predict(net, cluster, name, cfg, 16)
+        except ConfigError as e:
+            assert str(e).strip() and "\n" not in str(e), (model, name)
+            continue
+        assert pred.step_time_s > 0 and math.isfinite(pred.step_time_s), (model, name)
+    ranked = planner.rank(net, cluster, 16)
+    assert ranked and ranked[0].throughput >= ranked[-1].throughput
+    assert set(planner.why_not(net, cluster)) | {r.strategy for r in ranked} == set(strategies.STRATEGIES)

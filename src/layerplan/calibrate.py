@@ -345,6 +345,11 @@ def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
         "share_of_peak_shared": spread([s / cores / device.peak_flops_per_s for s in shared_total]),
         "effective_cores": spread([s / f for s, f in zip(shared_total, per_thread)]),
         "compute_efficiency": spread([fit_compute_efficiency(layers, rep[0], device) for rep in alone]),
+        # per layer type (PALEO §3.3): convolutions, and fully connected layers (DeviceSpec.fc_efficiency)
+        "conv_efficiency": spread([fit_compute_efficiency([x for x in layers if x["kind"] == "conv"], rep[0], device)
+                                   for rep in alone]),
+        "fc_efficiency": spread([fit_compute_efficiency([x for x in layers if x["kind"] == "fc"], rep[0], device)
+                                 for rep in alone]),
         "layers": [{**layer, "time_s": by_layer[layer["key"]]["median"], "time_spread": by_layer[layer["key"]]["spread"],
                     "flops_per_s": layer["flops"] / by_layer[layer["key"]]["median"]} for layer in layers],
     }
@@ -541,17 +546,19 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
     try:
         comp, link = result["compute"], result["link"]
         base = hardware.DEVICES[comp["device_preset"]]
-        eff = comp["compute_efficiency"]["median"]
+        eff = comp.get("conv_efficiency", comp["compute_efficiency"])["median"]
+        fc_eff = comp["fc_efficiency"]["median"] if "fc_efficiency" in comp else None
         cores = result["machine"]["cores"]
         lat = link["latency_s"]["median"]
         payload = link["payload_bytes_per_s"]["median"]
     except (KeyError, TypeError) as e:
         raise CalibrationError(f"not a calibration result: missing {e}") from None
     peak = base.peak_flops_per_s
-    if eff > 1:  # the machine beats the preset's peak: keep the measured rate, at efficiency 1
-        peak, eff = peak * eff, 1.0
+    top = max(eff, fc_eff or 0.0)
+    if top > 1:  # the machine beats the preset's peak: keep the measured rates, the best at efficiency 1
+        peak, eff, fc_eff = peak * top, eff / top, None if fc_eff is None else fc_eff / top
     per_thread = comp["per_thread_flops_per_s"]["median"]
-    device = replace(base, name=f"{base.name}-calibrated", peak_flops_per_s=peak, compute_efficiency=eff,
+    device = replace(base, name=f"{base.name}-calibrated", peak_flops_per_s=peak, compute_efficiency=eff, fc_efficiency=fc_eff,
                      note=f"calibrated {result['machine']['when']} on {result['machine']['cpu']}: "
                           f"{units.format_flops_rate(per_thread)} per thread (FLOP-weighted conv+linear fwd+bwd, "
                           f"alexnet/vgg16 CIFAR layers), {units.format_flops_rate(comp['shared_flops_per_s']['median'])} "
@@ -592,7 +599,9 @@ def summary_lines(result: dict) -> list[str]:
         f"linear {units.format_flops_rate(c['per_thread_linear_flops_per_s']['median'])})",
         f"compute, {c['shared_processes']} processes at once: {f(c['shared_flops_per_s'], units.format_flops_rate)} "
         f"in all ({c['effective_cores']['median']:.2f} cores' worth)",
-        f"fitted compute_efficiency: {f(c['compute_efficiency'], lambda v: f'{v:.3f}')}",
+        f"fitted compute_efficiency: {f(c['compute_efficiency'], lambda v: f'{v:.3f}')} (conv layers "
+        f"{c['conv_efficiency']['median']:.3f}, fully connected {c['fc_efficiency']['median']:.3f})"
+        if "fc_efficiency" in c else f"fitted compute_efficiency: {f(c['compute_efficiency'], lambda v: f'{v:.3f}')}",
         f"link ({ln['where']}): latency {f(ln['latency_s'], units.format_seconds)}, "
         f"payload {f(ln['payload_bytes_per_s'], units.format_bandwidth)}",
     ]

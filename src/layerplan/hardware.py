@@ -36,6 +36,10 @@ class DeviceSpec:
     """Device memory size; a config whose peak memory exceeds it is infeasible."""
     compute_efficiency: float = 0.5
     """Share of peak reached on real layers (PALEO §3.3 PPP_comp; Omnivore: ~50% on conv)."""
+    fc_efficiency: float | None = None
+    """Share of peak on fully connected layers (matrix products at training batch sizes), where it
+    differs from convolutions' — PALEO §3.3 fits its PPP per layer type; on CPUs a Linear layer at
+    batch 32 reaches about a third of a convolution's FLOP/s. None: compute_efficiency."""
     cores: int = 1
     """CPU cores behind this device (CPU devices), used when ranks share cores."""
     kind: str = "gpu"
@@ -47,6 +51,8 @@ class DeviceSpec:
         _check_positive(self, ("peak_flops_per_s", "mem_bandwidth_bytes_per_s", "memory_bytes"))
         if not 0 < self.compute_efficiency <= 1:
             raise SpecError(f"device {self.name!r}: compute_efficiency must be in (0, 1], got {self.compute_efficiency!r}")
+        if self.fc_efficiency is not None and not 0 < self.fc_efficiency <= 1:
+            raise SpecError(f"device {self.name!r}: fc_efficiency must be in (0, 1] or null, got {self.fc_efficiency!r}")
         if not isinstance(self.cores, int) or self.cores < 1:
             raise SpecError(f"device {self.name!r}: cores must be a positive integer, got {self.cores!r}")
         if self.kind not in ("gpu", "cpu"):
@@ -55,6 +61,12 @@ class DeviceSpec:
     @property
     def achieved_flops_per_s(self) -> float:
         return self.peak_flops_per_s * self.compute_efficiency
+
+    def achieved_flops_per_s_for(self, kind: str) -> float:
+        """FLOP/s reached on a layer of ``kind`` (LayerSpec.kind): fc_efficiency for "fc" where set."""
+        if kind == "fc" and self.fc_efficiency is not None:
+            return self.peak_flops_per_s * self.fc_efficiency
+        return self.achieved_flops_per_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -130,7 +130,7 @@ def layer_time_s(layer: LayerSpec, device: DeviceSpec, batch: int, *, direction:
     _check_common(batch, direction)
     inp = (0 if in_bytes is None else in_bytes) * bytes_scale
     flops = _compute_flops(layer, batch, direction, conv_algorithm, geometry)
-    c = flops / device.achieved_flops_per_s  # PALEO §3.1.1 eq.1 C = FLOPs / (peak · PPP_comp)
+    c = flops / device.achieved_flops_per_s_for(layer.kind)  # PALEO §3.1.1 eq.1 C = FLOPs / (peak · PPP_comp)
     w = float(layer.param_bytes) * bytes_scale
     out = float(layer.out_bytes) * bytes_scale
     if direction == "fwd":
