@@ -4,6 +4,8 @@ what. Strategies never compute a step time: the cost engine does (ARCHITECTURE.m
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Mapping, Sequence
 
@@ -15,7 +17,7 @@ from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import LayerSpec, NetSpec
 
 
-class Strategy:
+class Strategy(ABC):
     """Base of the six strategies. Subclasses set ``name``, ``Config`` and ``summary`` and implement
     ``check``, ``space``, ``default`` and ``schedule``."""
 
@@ -25,31 +27,33 @@ class Strategy:
     needs_fc_phase: ClassVar[bool] = False
 
     # ---- what a strategy must say ------------------------------------------------------------
+    @abstractmethod
     def check(self, net: NetSpec, cluster: ClusterSpec, config: Any) -> None:
         """Raise ConfigError (with the reason) when ``config`` cannot run ``net`` on ``cluster``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def space(self, net: NetSpec, cluster: ClusterSpec, batch: int) -> list[Any]:
         """Valid configs worth ranking on this cluster."""
-        raise NotImplementedError
 
+    @abstractmethod
     def default(self, net: NetSpec, cluster: ClusterSpec, batch: int, **options: Any) -> Any:
         """The config the CLI builds from --workers/--servers/... (None = let the strategy choose)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def schedule(self, net: NetSpec, cluster: ClusterSpec, config: Any, batch: int) -> StepGraph:
-        raise NotImplementedError
+        """Each subclass implements it."""
 
+    @abstractmethod
     def global_batch(self, config: Any, batch: int) -> int:
-        raise NotImplementedError
+        """Each subclass implements it."""
 
+    @abstractmethod
     def roles(self, config: Any) -> dict[str, int]:
         """Role name → number of nodes in that role."""
-        raise NotImplementedError
 
+    @abstractmethod
     def memory(self, net: NetSpec, cluster: ClusterSpec, config: Any, batch: int) -> dict[str, MemoryUse]:
         """Role → peak device memory of one node of that role (``compute.MemoryUse``)."""
-        raise NotImplementedError
 
     role_labels: ClassVar[Mapping[str, str]] = {}
     """Role → how a person names one node of it in messages ("the FC worker")."""

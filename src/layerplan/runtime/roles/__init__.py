@@ -12,6 +12,8 @@ message carries a tag for its step and phase.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,22 +39,25 @@ class Context:
     global_batch: int
 
 
-class RoleBase:
+class RoleBase(ABC):
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.meter = ctx.meter
 
+    @abstractmethod
     def step(self, s: int) -> None:
-        raise NotImplementedError
+        """Each subclass implements it."""
 
     def checkpoint_comm(self, s: int) -> None:
         """Traffic a checkpoint needs before ranks write their files (Stanza §5.3)."""
 
+    @abstractmethod
     def state_dict(self) -> dict:
-        raise NotImplementedError
+        """Each subclass implements it."""
 
+    @abstractmethod
     def load_state_dict(self, state: dict) -> None:
-        raise NotImplementedError
+        """Each subclass implements it."""
 
     def owned_params(self) -> dict:
         return {}
