@@ -18,6 +18,7 @@ runtime builds the module normally on the CPU with random weights.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import importlib
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from layerplan.errors import LayerplanError, ModelError, SpecError
+from layerplan.netspec.lean_import import skip_init, without_dynamo
 from layerplan.netspec.spec import NetSpec
 
 ModuleFactory = Callable[[], Any]
@@ -143,11 +145,12 @@ def _analyse(spec: str, input_size: int | None, num_classes: int | None,
     from layerplan.netspec.analyze import analyze
 
     factory, input_shape, source, target = _module_source(spec, input_size, num_classes)
-    meta_module = _build(factory, spec, meta=True)
-    if input_shape is None:
-        input_shape = _factory_input_shape(meta_module, target, spec, input_size)
-    net = analyze(meta_module, input_shape, name=spec, source=source, num_classes=num_classes,
-                  batch_check=batch_check)
+    with without_dynamo() if target is None else contextlib.nullcontext():  # zoo models: lean_import
+        meta_module = _build(factory, spec, meta=True)
+        if input_shape is None:
+            input_shape = _factory_input_shape(meta_module, target, spec, input_size)
+        net = analyze(meta_module, input_shape, name=spec, source=source, num_classes=num_classes,
+                      batch_check=batch_check)
     return net, functools.partial(_build, factory, spec, meta=False)
 
 
@@ -290,7 +293,7 @@ def _build(factory: Callable[[], Any], spec: str, *, meta: bool) -> Any:
     module: Any = None
     if meta:
         try:
-            with torch.device("meta"):
+            with torch.device("meta"), skip_init():  # meta tensors hold no values to initialise
                 module = factory()
         except LayerplanError:
             raise
