@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from layerplan import calibrate, cli, hardware
-from layerplan.errors import ConfigError
+from layerplan.errors import ConfigError, SpecError
 
 
 def test_fit_link_ignores_a_token_bucket_burst():
@@ -161,3 +161,74 @@ def test_a_real_loopback_measurement_gives_a_positive_rate():
     assert link["payload_bytes_per_s"]["median"] > 0 and link["latency_s"]["median"] >= 0
     assert len(link["p2p_time_s"]) == 2 and all(t > 0 for t in link["p2p_time_s"])
     assert link["allreduce"]["2"]["bus_bytes_per_s"]["median"] > 0
+
+
+# ---- profiled layers -------------------------------------------------------------------------
+def test_fit_line_is_exact_on_a_line_and_never_negative():
+    assert calibrate.fit_line([16, 64], [0.002 + 16e-4, 0.002 + 64e-4]) == pytest.approx((0.002, 1e-4))
+    assert calibrate.fit_line([8, 16, 32], [3e-3, 3e-3, 3e-3]) == pytest.approx((3e-3, 0.0), abs=1e-12)
+    fixed, per = calibrate.fit_line([16, 64], [2e-3, 1.9e-3])  # noise: a falling line is a flat one
+    assert per == 0.0 and fixed == pytest.approx(1.95e-3)
+    assert calibrate.fit_line([32], [6.4e-3]) == pytest.approx((0.0, 2e-4))
+
+
+def _profile_row(key, fwd=(1e-3, 2e-5), bwd=(2e-3, 4e-5)):
+    return {"key": key, "net": "n", "layer": "l", "batches": [16, 64], "fwd_s": [], "bwd_s": [],
+            "fwd_fixed_s": fwd[0], "fwd_per_sample_s": fwd[1], "bwd_fixed_s": bwd[0], "bwd_per_sample_s": bwd[1]}
+
+
+def test_the_engine_uses_a_profiled_layer_and_the_cluster_file_keeps_it(tmp_path):
+    from layerplan.cost.compute import input_bytes, layer_time_s, profile_key
+    from layerplan.netspec.load import resolve_model
+
+    net, _ = resolve_model("debug")
+    layer = next(lyr for lyr in net.layers if lyr.kind == "conv")
+    key = profile_key(layer, input_bytes(net, layer))
+    result = {**fake_result("local"), "profile": {"nets": ["debug"], "batches": [16, 64],
+                                                  "layers": [_profile_row(key)]}}
+    spec = calibrate.to_cluster(result, nodes=2)
+    dev = spec.device
+    assert layer_time_s(layer, dev, 10, direction="fwd", in_bytes=input_bytes(net, layer)) == pytest.approx(1e-3 + 10 * 2e-5)
+    assert layer_time_s(layer, dev, 10, direction="bwd", in_bytes=input_bytes(net, layer)) == pytest.approx(2e-3 + 10 * 4e-5)
+    plain = replace(dev, profiled_layers=())
+    assert layer_time_s(layer, dev, 10, direction="fwd", in_bytes=input_bytes(net, layer), bytes_scale=0.5) == \
+        layer_time_s(layer, plain, 10, direction="fwd", in_bytes=input_bytes(net, layer), bytes_scale=0.5)
+    other = next(lyr for lyr in net.layers if lyr.kind == "fc")
+    assert layer_time_s(other, dev, 10, direction="fwd", in_bytes=input_bytes(net, other)) == \
+        layer_time_s(other, plain, 10, direction="fwd", in_bytes=input_bytes(net, other))
+    for suffix in (".yaml", ".json"):
+        path = tmp_path / f"c{suffix}"
+        assert calibrate.save(result, path, nodes=2) == spec
+        assert hardware.load_cluster(path) == spec
+    bad = spec.to_dict()
+    bad["device"]["profiled_layers"][0]["fwd_fixed_s"] = "fast"
+    with pytest.raises(SpecError, match="fwd_fixed_s must be a number"):
+        hardware.cluster_from_dict(bad)
+    bad["device"]["profiled_layers"] = {"not": "a list"}
+    with pytest.raises(SpecError, match="profiled_layers must be a list"):
+        hardware.cluster_from_dict(bad)
+
+
+def test_profiling_times_every_layer_the_engine_asks_for(tmp_path):
+    """A real profile of the debug net: every module layer with one input is measured, under the key
+    the engine looks up, at every batch."""
+    from layerplan.cost.compute import input_bytes, profile_key
+    from layerplan.netspec.load import resolve_model
+
+    cfg = calibrate.profile_config(["debug"], (2, 8), quick=True, repeats=1)
+    prof = calibrate.measure_profile(cfg, tmp_path)
+    net, _ = resolve_model("debug")
+    modules = [lyr for lyr in net.layers if lyr.op[:1].isupper() and len(lyr.parents) <= 1]
+    keys = {profile_key(lyr, input_bytes(net, lyr)) for lyr in modules}
+    assert keys and keys == {row["key"] for row in prof["layers"]}
+    for row in prof["layers"]:
+        assert row["batches"] == [2, 8] and all(t > 0 for t in row["fwd_s"])
+    dev = replace(hardware.DEVICES["cpu-core"], profiled_layers=calibrate.profiled_layers(prof))
+    assert all(dev.profiled(k) is not None for k in keys)
+
+
+def test_bad_profile_arguments_exit_2(capsys):
+    assert cli.main(["calibrate", "--profile", "no_such_net"]) == 2
+    assert "zoo names" in capsys.readouterr().err
+    assert cli.main(["calibrate", "--profile", "debug", "--profile-batches", "16,x"]) == 2
+    assert "--profile-batches" in capsys.readouterr().err

@@ -270,13 +270,16 @@ def _base_env() -> dict:
     return env
 
 
-def _run_compute(processes: int, cfg: dict, log_dir: Path, advance) -> tuple[list[dict], list[list[dict[str, float]]]]:
-    """Layers and, per repeat, each process's seconds per forward+backward by layer key. All
-    processes start each repeat together (a "go" line), so they really share the cores."""
+def _run_compute(processes: int, cfg: dict, log_dir: Path, advance
+                 ) -> tuple[list[dict], list[list[dict[str, float]]], float]:
+    """Layers, per repeat each process's seconds per forward+backward by layer key, and the first
+    process's update memory bandwidth. All processes start each repeat together (a "go" line), so
+    they really share the cores."""
     procs = _Procs([_worker_argv("compute", cfg)] * processes, [_base_env()] * processes, log_dir)
     try:
         ready = procs.expect("ready", processes)
         layers = ready[0]["layers"]
+        update_bw = ready[0]["update_bytes_per_s"]
         reps = []
         for _ in range(cfg["repeats"]):
             procs.send("go")
@@ -284,7 +287,7 @@ def _run_compute(processes: int, cfg: dict, log_dir: Path, advance) -> tuple[lis
             reps.append([got[i]["time_s"] for i in range(processes)])
             advance()
         procs.expect("done", processes)
-        return layers, reps
+        return layers, reps, update_bw
     finally:
         procs.close()
 
@@ -321,11 +324,12 @@ def measure_compute(repeats: int = 3, quick: bool = False, *, cfg: dict | None =
 
 
 def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
-    device = hardware.DEVICES[DEVICE_PRESET]
     for sub in ("compute-1", f"compute-{cores}"):
         (log_dir / sub).mkdir(exist_ok=True)
-    layers, alone = _run_compute(1, cfg, log_dir / "compute-1", advance)
-    _, shared = _run_compute(cores, cfg, log_dir / f"compute-{cores}", advance)
+    layers, alone, update_bw = _run_compute(1, cfg, log_dir / "compute-1", advance)
+    _, shared, _ = _run_compute(cores, cfg, log_dir / f"compute-{cores}", advance)
+    # the memory terms of the fit (PALEO §3.1.1 R, W) at this machine's measured bandwidth
+    device = replace(hardware.DEVICES[DEVICE_PRESET], mem_bandwidth_bytes_per_s=update_bw)
     per_thread = [_flops_per_s(layers, rep[0]) for rep in alone]
     shared_total = [sum(_flops_per_s(layers, t) for t in rep) for rep in shared]
     by_layer = {layer["key"]: spread([rep[0][layer["key"]] for rep in alone]) for layer in layers}
@@ -335,6 +339,7 @@ def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
         "nets": list(cfg["nets"]),
         "batches": list(cfg["batches"]),
         "threads_per_process": 1,
+        "mem_bandwidth_bytes_per_s": update_bw,
         "per_thread_flops_per_s": spread(per_thread),
         "per_thread_conv_flops_per_s": spread([_flops_per_s(layers, rep[0], "conv") for rep in alone]),
         "per_thread_linear_flops_per_s": spread([_flops_per_s(layers, rep[0], "fc") for rep in alone]),
@@ -443,13 +448,15 @@ def _emulated(name: str):
 
 
 def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick: bool = False,
-              progress: bool = True) -> dict:
+              progress: bool = True, profile: Sequence[str] = (), profile_batches: Sequence[int] = (16, 64)) -> dict:
     """Measure compute and links (see the module docstring); the result dict (JSON-able).
 
     ``on``: "local" (links over loopback) or "emulated" (links between hosts of the emulated
     cluster ``name``, which must be up). ``repeats``: how often each figure is measured (≥ 2 gives a
     spread). ``quick``: batch 32 only and shorter timing windows (under a minute on 2 cores).
-    ``progress``: a rich progress bar on stderr.
+    ``progress``: a rich progress bar on stderr. ``profile``: zoo nets whose every layer is also
+    timed on its own at ``profile_batches`` (``measure_profile``), so predictions for those layers
+    use their measured times (``hardware.ProfiledLayer``).
     """
     if on not in ("local", "emulated"):
         raise ConfigError(f"calibrate on 'local' or 'emulated', got {on!r}")
@@ -460,6 +467,7 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
     cores = _cores()
     compute_cfg = compute_config(repeats, quick)
     link_cfg = link_config(repeats, quick)
+    profile_cfg = profile_config(profile, profile_batches, quick, repeats) if profile else None
     t0 = time.monotonic()
     with _log_dir(None) as log_dir, _progress(progress) as bar:
         task = bar.add_task("compute: 1 thread", total=3 * repeats) if bar else None
@@ -476,7 +484,13 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
         compute = _compute_section(compute_cfg, log_dir, step, cores)
         (log_dir / "link").mkdir(exist_ok=True)
         link = _link_section(on, name, link_cfg, log_dir / "link", step)
-    return {
+        prof = None
+        if profile_cfg is not None:
+            (log_dir / "profile").mkdir(exist_ok=True)
+            ptask = bar.add_task(f"profile: layers of {', '.join(profile)}", total=None) if bar else None
+            prof = measure_profile(profile_cfg, log_dir / "profile",
+                                   (lambda: bar.advance(ptask)) if bar is not None else None)
+    out = {
         "format": FORMAT_VERSION,
         "on": on,
         "cluster": name if on == "emulated" else None,
@@ -488,6 +502,9 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
         "compute": compute,
         "link": link,
     }
+    if prof is not None:
+        out["profile"] = prof
+    return out
 
 
 @contextmanager
@@ -559,6 +576,8 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
         peak, eff, fc_eff = peak * top, eff / top, None if fc_eff is None else fc_eff / top
     per_thread = comp["per_thread_flops_per_s"]["median"]
     device = replace(base, name=f"{base.name}-calibrated", peak_flops_per_s=peak, compute_efficiency=eff, fc_efficiency=fc_eff,
+                     mem_bandwidth_bytes_per_s=comp.get("mem_bandwidth_bytes_per_s", base.mem_bandwidth_bytes_per_s),
+                     profiled_layers=profiled_layers(result["profile"]) if result.get("profile") else (),
                      note=f"calibrated {result['machine']['when']} on {result['machine']['cpu']}: "
                           f"{units.format_flops_rate(per_thread)} per thread (FLOP-weighted conv+linear fwd+bwd, "
                           f"alexnet/vgg16 CIFAR layers), {units.format_flops_rate(comp['shared_flops_per_s']['median'])} "
@@ -602,6 +621,8 @@ def summary_lines(result: dict) -> list[str]:
         f"fitted compute_efficiency: {f(c['compute_efficiency'], lambda v: f'{v:.3f}')} (conv layers "
         f"{c['conv_efficiency']['median']:.3f}, fully connected {c['fc_efficiency']['median']:.3f})"
         if "fc_efficiency" in c else f"fitted compute_efficiency: {f(c['compute_efficiency'], lambda v: f'{v:.3f}')}",
+        *([f"memory bandwidth (SGD update, 1 thread): {units.format_bytes(c['mem_bandwidth_bytes_per_s'])}/s"]
+          if "mem_bandwidth_bytes_per_s" in c else []),
         f"link ({ln['where']}): latency {f(ln['latency_s'], units.format_seconds)}, "
         f"payload {f(ln['payload_bytes_per_s'], units.format_bandwidth)}",
     ]
@@ -612,6 +633,10 @@ def summary_lines(result: dict) -> list[str]:
         extra = f", {row['efficiency']['median']:.3f} of the line rate" if "efficiency" in row else ""
         lines.append(f"all-reduce {units.format_bytes(row['bytes'], binary=True)} on {n} ranks: bus "
                      f"{f(row['bus_bytes_per_s'], units.format_bandwidth)} = {row['vs_p2p']['median']:.2f}× p2p{extra}")
+    if result.get("profile"):
+        p = result["profile"]
+        lines.append(f"profiled {len(p['layers'])} distinct layers of {', '.join(p['nets'])} at batch "
+                     f"{', '.join(map(str, p['batches']))} (their predictions use the measured times)")
     return lines
 
 
@@ -703,6 +728,27 @@ def _make_step(item: dict):
     return step, fwd, fwd + int(bwd_counter.get_total_flops()), sum(p.numel() for p in params) * 4
 
 
+UPDATE_PARAMS = 8 * 2**20  # 32 MiB of float32 parameters: far beyond the caches
+
+
+def _update_bytes_per_s() -> float:
+    """Memory bandwidth as the engine's SGD update uses it (``strategies.base.update_s``: read the
+    gradient, parameters and momentum, write parameters and momentum = 5 × the parameter bytes),
+    from torch.optim.SGD with momentum on one thread: the lowest of 5 steps."""
+    import torch
+
+    p = torch.nn.Parameter(torch.randn(UPDATE_PARAMS))
+    p.grad = torch.randn_like(p)
+    opt = torch.optim.SGD([p], lr=1e-3, momentum=0.9)
+    opt.step()  # creates the momentum buffer
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        opt.step()
+        best = min(best, time.perf_counter() - t0)
+    return 5 * UPDATE_PARAMS * 4 / best
+
+
 def _compute_worker(cfg: dict) -> None:
     import torch
 
@@ -718,7 +764,7 @@ def _compute_worker(cfg: dict) -> None:
                        "batch": it["batch"], "count": it["count"], "first": it["first"], "fwd_flops": fwd,
                        "flops": total, "param_bytes": pbytes, "in_bytes": math.prod(it["in_shape"]) * 4,
                        "out_bytes": math.prod(it["out_shape"]) * 4})
-    _emit(event="ready", layers=layers)
+    _emit(event="ready", layers=layers, update_bytes_per_s=_update_bytes_per_s())
     for rep in range(cfg["repeats"]):
         if sys.stdin.readline().strip() != "go":
             return
@@ -793,15 +839,171 @@ def _link_worker(cfg: dict) -> None:
     _emit(event="done")
 
 
+def _profile_items(net_name: str) -> list[dict]:
+    """Every module layer of zoo net ``net_name`` that can be timed on its own — one input, the
+    output of one parent (or the net's input) — with its ``profile_key`` and a CPU copy of the
+    module. Layer names follow the analysis (module path, ``path_k`` for its k-th further call)."""
+    import copy
+
+    import torch.fx as fx
+
+    from layerplan.cost.compute import input_bytes, profile_key
+    from layerplan.netspec import zoo
+    from layerplan.netspec.load import resolve_model
+
+    net, _ = resolve_model(net_name)
+    module, _ = zoo.build(net_name)
+    module.train()
+    try:
+        gm = fx.symbolic_trace(module)
+    except Exception as e:  # noqa: BLE001 — fx raises many types for untraceable code
+        raise CalibrationError(f"{net_name}: cannot profile its layers (torch.fx cannot trace it: {e})") from None
+    by_name = {layer.name: layer for layer in net.layers}
+    calls: dict[str, int] = {}
+    items = []
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        path = str(node.target)
+        k = calls.get(path, 0)
+        calls[path] = k + 1
+        layer = by_name.get(path if k == 0 else f"{path}_{k}")
+        if layer is None or len(layer.parents) > 1:
+            continue
+        in_shape = net.layer(layer.parents[0]).out_shape if layer.parents else net.input_shape
+        mod = copy.deepcopy(gm.get_submodule(path))
+        for m in mod.modules():
+            if getattr(m, "inplace", False):
+                m.inplace = False  # the input of a timed layer is a leaf that requires grad
+        items.append({"key": profile_key(layer, input_bytes(net, layer)), "layer": layer.name, "net": net_name,
+                      "module": mod, "in_shape": tuple(in_shape), "input_grad": bool(layer.parents)})
+    return items
+
+
+def _profile_worker(cfg: dict) -> None:
+    """Forward, then forward + backward, of every distinct layer of ``cfg["nets"]`` at each batch:
+    seconds per call (a time window per measurement, the lowest of ``repeats`` windows)."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    seen: dict[str, dict] = {}
+    for net_name in cfg["nets"]:
+        for it in _profile_items(net_name):
+            seen.setdefault(it["key"], it)
+    _emit(event="ready", layers=len(seen))
+
+    def window(fn) -> float:
+        best = math.inf
+        for _ in range(cfg["repeats"]):
+            n, t0 = 0, time.perf_counter()
+            while True:
+                fn()
+                n += 1
+                el = time.perf_counter() - t0
+                if n >= cfg["min_iters"] and el >= cfg["window_s"]:
+                    break
+            best = min(best, el / n)
+        return best
+
+    for key, it in seen.items():
+        mod = it["module"]
+        params = [p for p in mod.parameters() if p.requires_grad]
+        row = {"key": key, "net": it["net"], "layer": it["layer"], "batches": [], "fwd_s": [], "bwd_s": []}
+        for b in cfg["batches"]:
+            x = torch.randn(b, *it["in_shape"], requires_grad=it["input_grad"])
+            inputs = params + ([x] if it["input_grad"] else [])
+
+            def fwd():
+                return mod(x)
+
+            y = fwd()
+            g = torch.randn_like(y)
+
+            def fwd_bwd():
+                out = mod(x)
+                if inputs:
+                    torch.autograd.grad(out, inputs, g)
+
+            fwd_bwd()  # warm-up: allocator, kernels
+            t_fwd = window(fwd)
+            t_all = window(fwd_bwd) if inputs else t_fwd
+            row["batches"].append(b)
+            row["fwd_s"].append(t_fwd)
+            row["bwd_s"].append(max(0.0, t_all - t_fwd))
+        _emit(event="layer", row=row)
+    _emit(event="done")
+
+
+def fit_line(batches: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
+    """(fixed_s, per_sample_s) of ``t = fixed + per_sample · batch``, least squares; through the
+    origin (fixed 0) when one batch was measured or the line would have a negative slope or
+    intercept (noise on a layer whose time barely grows with the batch)."""
+    import numpy as np
+
+    b = np.asarray(batches, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if b.size >= 2 and len(set(b.tolist())) >= 2:
+        per, fixed = np.polyfit(b, t, 1)
+        if per >= 0 and fixed >= 0:
+            return float(fixed), float(per)
+        if per < 0:
+            return float(np.mean(t)), 0.0
+    return 0.0, float(np.sum(t * b) / np.sum(b * b))
+
+
+def profile_config(nets: Sequence[str], batches: Sequence[int] = (16, 64), quick: bool = False,
+                   repeats: int = 3) -> dict:
+    """What ``measure_profile`` runs."""
+    from layerplan.netspec import zoo
+
+    unknown = [n for n in nets if n not in zoo.ZOO]
+    if unknown:
+        raise ConfigError(f"cannot profile {', '.join(map(repr, unknown))}: --profile takes zoo names (see `layerplan zoo`)")
+    if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
+        raise ConfigError(f"profile batches must be positive integers, got {list(batches)}")
+    return {"nets": list(nets), "batches": sorted(set(batches)), "repeats": max(1, min(repeats, 2) if quick else repeats),
+            "window_s": 0.03 if quick else 0.06, "min_iters": 2}
+
+
+def measure_profile(cfg: dict, log_dir: Path, advance=None) -> dict:
+    """Measured forward/backward time of every distinct layer of the profiled nets (one process,
+    one thread) and the fitted ``hardware.ProfiledLayer`` lines. ``advance()`` after each layer."""
+    procs = _Procs([_worker_argv("profile", cfg)], [_base_env()], log_dir)
+    rows = []
+    try:
+        total = procs.expect("ready", 1)[0]["layers"]
+        for _ in range(total):
+            _, msg = procs.next()
+            if msg.get("event") != "layer":
+                raise CalibrationError(f"profile: unexpected message {msg}")
+            rows.append(msg["row"])
+            if advance:
+                advance()
+        procs.expect("done", 1)
+    finally:
+        procs.close()
+    for row in rows:
+        row["fwd_fixed_s"], row["fwd_per_sample_s"] = fit_line(row["batches"], row["fwd_s"])
+        row["bwd_fixed_s"], row["bwd_per_sample_s"] = fit_line(row["batches"], row["bwd_s"])
+    return {"nets": list(cfg["nets"]), "batches": list(cfg["batches"]), "layers": rows}
+
+
+def profiled_layers(profile: dict) -> tuple[hardware.ProfiledLayer, ...]:
+    return tuple(hardware.ProfiledLayer(key=r["key"], fwd_fixed_s=r["fwd_fixed_s"], fwd_per_sample_s=r["fwd_per_sample_s"],
+                                        bwd_fixed_s=r["bwd_fixed_s"], bwd_per_sample_s=r["bwd_per_sample_s"],
+                                        batches=tuple(r["batches"])) for r in profile["layers"])
+
+
 def _main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m layerplan.calibrate", description="a calibration benchmark process")
-    ap.add_argument("kind", choices=("compute", "link"))
+    ap.add_argument("kind", choices=("compute", "link", "profile"))
     ap.add_argument("--config", required=True)
     args = ap.parse_args(argv)
     cfg = json.loads(args.config)
-    (_compute_worker if args.kind == "compute" else _link_worker)(cfg)
+    {"compute": _compute_worker, "link": _link_worker, "profile": _profile_worker}[args.kind](cfg)
     return 0
 
 

@@ -9,7 +9,7 @@ import sys
 from typing import Callable, Sequence
 
 from layerplan import __version__
-from layerplan.errors import LayerplanError
+from layerplan.errors import ConfigError, LayerplanError
 
 EXIT_BAD_INPUT = 2
 
@@ -194,7 +194,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
             strategies.get(n)
     ranked = planner.rank(net, cluster, args.batch_size, names)
     if not ranked:
-        from layerplan.errors import ConfigError
 
         raise ConfigError(f"no strategy can run {net.name} on {cluster.describe()}")
     skipped = planner.why_not(net, cluster, names)
@@ -335,11 +334,26 @@ def _register_cluster(sub) -> None:
     COMMANDS["cluster"] = cmd_cluster
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(b) for b in text.split(",") if b.strip())
+    except ValueError:
+        raise ConfigError(f"--profile-batches takes positive integers separated by commas, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise ConfigError(f"--profile-batches takes positive integers separated by commas, got {text!r}")
+    return out
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from layerplan import calibrate, report
 
     res = calibrate.calibrate(on=args.on.partition(":")[0], name=args.on.partition(":")[2] or "default",
-                              repeats=args.repeats, quick=args.quick, progress=not args.json)
+                              repeats=args.repeats, quick=args.quick, progress=not args.json,
+                              profile=_names(args.profile), profile_batches=_batches(args.profile_batches))
     if args.output:
         calibrate.save(res, args.output)
     if args.json:
@@ -372,8 +386,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         con = report.console()
         if not args.json:
-            con.print("calibrating this machine's compute (quick; --calibration FILE reuses a calibration)")
-        calibrated = calibrate.to_cluster(calibrate.calibrate(on="local", quick=True, progress=not args.json))
+            con.print("calibrating this machine's compute and profiling the matrix's layers "
+                      "(quick; --calibration FILE reuses a calibration)")
+        calibrated = calibrate.to_cluster(calibrate.calibrate(on="local", quick=True, progress=not args.json,
+                                                              profile=matrix.models,
+                                                              profile_batches=validate.profile_batches(matrix)))
     con = report.console()
     out = Path(args.out)
     doc = validate.validate(matrix, out, calibrated,
@@ -400,6 +417,11 @@ def _register_closed_loop(sub) -> None:
     p.add_argument("-o", "--output", metavar="cluster.yaml", help="write the fitted cluster file (YAML or JSON by extension)")
     p.add_argument("--repeats", type=positive_int, default=3, metavar="R", help="repeats per figure, for the spread (default 3)")
     p.add_argument("--quick", action="store_true", help="fewer sizes (about a minute)")
+    p.add_argument("--profile", metavar="NET1,NET2", default="",
+                   help="also time every layer of these zoo nets on its own; predictions for them then use the "
+                        "measured layer times (e.g. alexnet_cifar,vgg16_cifar,resnet_cifar: about a minute each)")
+    p.add_argument("--profile-batches", metavar="B1,B2", default="16,64",
+                   help="batch sizes the layers are timed at; other batches are interpolated (default 16,64)")
     p.add_argument("--json", action="store_true")
     COMMANDS["calibrate"] = cmd_calibrate
 

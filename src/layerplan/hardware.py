@@ -14,13 +14,52 @@ fields out; values may carry human units ("10Gbit", "6.1TFLOPS", "12GiB", "50us"
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from layerplan import units
 from layerplan.errors import LayerplanError, SpecError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfiledLayer:
+    """A layer's measured time on this device, as ``layerplan calibrate --profile`` fits it: forward
+    and backward each ``fixed_s + per_sample_s · batch`` (a least-squares line through the batches
+    measured) — PALEO's analytical layer time replaced by a profile of the layer itself, the way
+    PALEO §4 compares its model with measured layer times. ``key`` is
+    ``cost.compute.profile_key(layer, in_bytes)``: op, input bytes, output shape, parameters and
+    FLOPs per sample, so a layer of any network with the same shape uses the same entry."""
+
+    key: str
+    fwd_fixed_s: float
+    fwd_per_sample_s: float
+    bwd_fixed_s: float
+    bwd_per_sample_s: float
+    batches: tuple[int, ...] = ()
+    """The batch sizes measured (where the line is an interpolation)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key:
+            raise SpecError(f"profiled layer: key must be a non-empty string, got {self.key!r}")
+        for f in ("fwd_fixed_s", "fwd_per_sample_s", "bwd_fixed_s", "bwd_per_sample_s"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise SpecError(f"profiled layer {self.key!r}: {f} must be a number of seconds, got {v!r}")
+        object.__setattr__(self, "batches", tuple(self.batches))
+
+    def time_s(self, batch: int, direction: str) -> float:
+        fixed, per = ((self.fwd_fixed_s, self.fwd_per_sample_s) if direction == "fwd"
+                      else (self.bwd_fixed_s, self.bwd_per_sample_s))
+        return max(0.0, fixed + per * batch)
+
+
+@functools.lru_cache(maxsize=64)
+def _profile_index(profiled: tuple[ProfiledLayer, ...]) -> dict[str, ProfiledLayer]:
+    return {p.key: p for p in profiled}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,6 +81,8 @@ class DeviceSpec:
     batch 32 reaches about a third of a convolution's FLOP/s. None: compute_efficiency."""
     cores: int = 1
     """CPU cores behind this device (CPU devices), used when ranks share cores."""
+    profiled_layers: tuple[ProfiledLayer, ...] = ()
+    """Measured layer times (``layerplan calibrate``); layers not listed use the efficiencies."""
     kind: str = "gpu"
     """'gpu' or 'cpu'."""
     note: str = ""
@@ -57,10 +98,18 @@ class DeviceSpec:
             raise SpecError(f"device {self.name!r}: cores must be a positive integer, got {self.cores!r}")
         if self.kind not in ("gpu", "cpu"):
             raise SpecError(f"device {self.name!r}: kind must be 'gpu' or 'cpu', got {self.kind!r}")
+        if not isinstance(self.profiled_layers, tuple):
+            object.__setattr__(self, "profiled_layers", tuple(self.profiled_layers))
+        if not all(isinstance(p, ProfiledLayer) for p in self.profiled_layers):
+            raise SpecError(f"device {self.name!r}: profiled_layers must be ProfiledLayer entries")
 
     @property
     def achieved_flops_per_s(self) -> float:
         return self.peak_flops_per_s * self.compute_efficiency
+
+    def profiled(self, key: str) -> "ProfiledLayer | None":
+        """The measured entry for a ``cost.compute.profile_key``, or None."""
+        return _profile_index(self.profiled_layers).get(key) if self.profiled_layers else None
 
     def achieved_flops_per_s_for(self, kind: str) -> float:
         """FLOP/s reached on a layer of ``kind`` (LayerSpec.kind): fc_efficiency for "fc" where set."""
@@ -127,7 +176,7 @@ class ClusterSpec:
             "name": self.name,
             "nodes": self.nodes,
             "devices_per_node": self.devices_per_node,
-            "device": {f.name: getattr(self.device, f.name) for f in fields(DeviceSpec)},
+            "device": _device_dict(self.device),
             "nic": {f.name: getattr(self.nic, f.name) for f in fields(LinkSpec)},
             "switch_bandwidth_bytes_per_s": self.switch_bandwidth_bytes_per_s,
             "shared_cores": self.shared_cores,
@@ -138,6 +187,15 @@ class ClusterSpec:
         rate = units.format_bandwidth(self.nic.bandwidth_bytes_per_s)
         nic = rate if self.nic.name.replace(" ", "") == rate.replace(" ", "") else f"{rate} {self.nic.name}"
         return f"{self.nodes} × {dev}, {nic}"
+
+
+def _device_dict(d: DeviceSpec) -> dict[str, Any]:
+    out = {f.name: getattr(d, f.name) for f in fields(DeviceSpec)}
+    out["profiled_layers"] = [{**{f.name: getattr(p, f.name) for f in fields(ProfiledLayer)}, "batches": list(p.batches)}
+                              for p in d.profiled_layers]
+    if not out["profiled_layers"]:
+        del out["profiled_layers"]
+    return out
 
 
 def _check_positive(obj: Any, names: tuple[str, ...]) -> None:
@@ -295,12 +353,22 @@ def _from_mapping(cls: type, data: Any, where: str, defaults_ok: bool = True) ->
         raise SpecError(f"{where}: {e}") from None
 
 
+def _device_from_mapping(data: Any, where: str) -> DeviceSpec:
+    if isinstance(data, dict) and "profiled_layers" in data:
+        rows = data["profiled_layers"]
+        if not isinstance(rows, list):
+            raise SpecError(f"{where}: profiled_layers must be a list, got {type(rows).__name__}")
+        data = {**data, "profiled_layers": tuple(_from_mapping(ProfiledLayer, r, f"{where}: profiled_layers[{i}]")
+                                                 for i, r in enumerate(rows))}
+    return _from_mapping(DeviceSpec, data, where)
+
+
 def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{where}: expected a mapping of cluster fields, got {type(data).__name__}")
     d = dict(data)
     if "device" in d:
-        d["device"] = device(d["device"]) if isinstance(d["device"], str) else _from_mapping(DeviceSpec, d["device"], f"{where}: device")
+        d["device"] = device(d["device"]) if isinstance(d["device"], str) else _device_from_mapping(d["device"], f"{where}: device")
     if "nic" in d:
         d["nic"] = link(d["nic"]) if isinstance(d["nic"], str) else _from_mapping(LinkSpec, d["nic"], f"{where}: nic")
     return _from_mapping(ClusterSpec, d, where)

@@ -48,6 +48,12 @@ MATRICES = {
 }
 
 
+def profile_batches(matrix: Matrix) -> tuple[int, ...]:
+    """The batches the matrix's layers run at: K on every data worker, n·K on a Stanza FC worker or
+    RALP PS worker that serves n workers."""
+    return tuple(sorted({matrix.batch_size} | {matrix.batch_size * n for n in matrix.workers}))
+
+
 @dataclass(frozen=True)
 class Case:
     model: str

@@ -116,6 +116,15 @@ def _compute_flops(layer: LayerSpec, batch: int, direction: str, conv_algorithm:
     return min(gemm, fft)  # PALEO §3.1.3: a cuDNN-like heuristic picks the faster algorithm
 
 
+def profile_key(layer: LayerSpec, in_bytes: int | None) -> str:
+    """What identifies a layer's cost for a measured profile (``DeviceSpec.profiled_layers``): op,
+    input bytes per sample, output shape, parameters, forward and backward FLOPs per sample (the
+    backward count tells a first layer, which computes no input gradient, from the same layer
+    deeper in a net). Names are left out, so equal layers of different nets share an entry."""
+    shape = "x".join(map(str, layer.out_shape))
+    return f"{layer.op}|in={in_bytes}|out={shape}|p={layer.params}|f={layer.fwd_flops}|b={layer.bwd_flops}"
+
+
 def layer_time_s(layer: LayerSpec, device: DeviceSpec, batch: int, *, direction: str, in_bytes: int | None = None,
                  conv_algorithm: str = "gemm", geometry: ConvGeometry | None = None, bytes_scale: float = 1.0) -> float:
     """PALEO §3.1.1 eq.1 time of one layer for ``batch`` samples on ``device``.
@@ -126,8 +135,16 @@ def layer_time_s(layer: LayerSpec, device: DeviceSpec, batch: int, *, direction:
     (the faster of the two); the last two need ``geometry`` for conv layers and ignore other kinds.
     ``bytes_scale``: multiplies every byte count of the spec (e.g. 0.5 to train an fp32 spec in
     fp16); FLOPs do not change.
+
+    A layer the device has a measured profile of (``DeviceSpec.profiled_layers``, from
+    ``layerplan calibrate``) takes its measured time instead — at the profile's own bytes (scale 1)
+    and with the GEMM algorithm, the only case a profile describes.
     """
     _check_common(batch, direction)
+    if device.profiled_layers and bytes_scale == 1.0 and conv_algorithm == "gemm":
+        measured = device.profiled(profile_key(layer, in_bytes))
+        if measured is not None:
+            return measured.time_s(batch, direction)
     inp = (0 if in_bytes is None else in_bytes) * bytes_scale
     flops = _compute_flops(layer, batch, direction, conv_algorithm, geometry)
     c = flops / device.achieved_flops_per_s_for(layer.kind)  # PALEO §3.1.1 eq.1 C = FLOPs / (peak · PPP_comp)
