@@ -157,7 +157,8 @@ def test_benchmark_messages_are_never_lost_whatever_order_they_arrive_in(tmp_pat
 
 @pytest.mark.dist
 def test_a_real_loopback_measurement_gives_a_positive_rate():
-    link = calibrate.measure_links("local", repeats=1, quick=True, sizes=[1024, 1 << 20], ranks=2)
+    """16 MiB (milliseconds on loopback) keeps the slope clear of a busy machine's scheduling hiccups."""
+    link = calibrate.measure_links("local", repeats=1, quick=True, sizes=[1024, 16 << 20], ranks=2)
     assert link["payload_bytes_per_s"]["median"] > 0 and link["latency_s"]["median"] >= 0
     assert len(link["p2p_time_s"]) == 2 and all(t > 0 for t in link["p2p_time_s"])
     assert link["allreduce"]["2"]["bus_bytes_per_s"]["median"] > 0

@@ -253,6 +253,32 @@ def test_shared_cores():
     assert simulate(g3, cluster(shared_cores=4)).step_time_s == pytest.approx(1.0)
 
 
+def test_moving_bytes_costs_the_shared_cores_cpu():
+    """A 1 s transfer whose two ends need 0.5 core-seconds each, beside a 1 s compute task, on one
+    shared core: 2 core-seconds of work on one core — both end at 2 s. Without the CPU cost, 1 s."""
+    from dataclasses import replace
+
+    size = GBIT10  # 1 s at the line rate
+    g = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        Compute(name="c", group="a", seconds=1.0),
+        Transfer(name="t", src="a", dst="b", bytes_per_flow=size, pattern="all_to_all")))
+    base = cluster(nodes=2, shared_cores=1)
+    assert simulate(g, base).step_time_s == pytest.approx(1.0)
+    costly = replace(base, comm_cpu_s_per_byte=0.5 / size)
+    assert simulate(g, costly).step_time_s == pytest.approx(2.0)
+    assert simulate(g, replace(costly, shared_cores=None)).step_time_s == pytest.approx(1.0)  # no shared pool: free
+    # a 2-node ring all-reduce of S: each node sends S and receives S (CPU 2·S·c per node, both
+    # ends counted once each) and reduces S/2; alone on 2 cores at c = 1/(4·S) per byte and
+    # c_red = 1/S per byte: 2·(2S·c) + 2·(S/2)·c_red = 1 + 1 core-seconds over 2 cores = 1 s,
+    # slower than the 0.8 s the NIC allows
+    s_bytes = 0.8 * GBIT10  # the ring moves S per node: 0.8 s at the line rate
+    ar = StepGraph(groups={"w": 2}, samples_per_step=2, tasks=(Collective(name="ar", group="w", scheme="ring", bytes=s_bytes),))
+    two = cluster(nodes=2, shared_cores=2)
+    assert simulate(ar, two).step_time_s == pytest.approx(0.8)
+    slow = replace(two, comm_cpu_s_per_byte=1 / (4 * s_bytes), reduce_cpu_s_per_byte=1 / s_bytes)
+    assert simulate(ar, slow).step_time_s == pytest.approx(1.0)
+
+
 def test_processor_sharing_on_one_node():
     # two compute tasks on the same node share its device: both end at 2 s
     g = StepGraph(groups={"w": 2}, samples_per_step=2, tasks=(

@@ -601,7 +601,25 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
                                 note="calibrated gloo point-to-point over loopback (bandwidth = measured payload rate)")
         name = "calibrated-local"
         default_nodes = cores
-    return hardware.ClusterSpec(name=name, nodes=nodes or default_nodes, device=device, nic=nic, shared_cores=cores)
+    comm_cpu, reduce_cpu = comm_cpu_costs(link)
+    return hardware.ClusterSpec(name=name, nodes=nodes or default_nodes, device=device, nic=nic, shared_cores=cores,
+                                comm_cpu_s_per_byte=comm_cpu, reduce_cpu_s_per_byte=reduce_cpu)
+
+
+def comm_cpu_costs(link: dict) -> tuple[float, float]:
+    """(comm_cpu_s_per_byte, reduce_cpu_s_per_byte) from a loopback link section (0, 0 for an
+    emulated one, whose rate limit hides the CPU). On loopback, moving bytes costs only CPU: the
+    point-to-point payload rate R keeps each end busy, so each end spends 1/R per byte. A 2-rank
+    ring all-reduce of S bytes has each rank send S, receive S and reduce S/2 on its own core, so
+    S / bus = 2S/R + (S/2)·c_red, i.e. c_red = 2·(1/bus − 2/R) (nccl-tests' bus bandwidth)."""
+    if link.get("configured_bytes_per_s"):
+        return 0.0, 0.0
+    rate = link["payload_bytes_per_s"]["median"]
+    comm = 1.0 / rate
+    row = link.get("allreduce", {}).get("2")
+    if not row:
+        return comm, 0.0
+    return comm, max(0.0, 2.0 * (1.0 / row["bus_bytes_per_s"]["median"] - 2.0 * comm))
 
 
 def summary_lines(result: dict) -> list[str]:

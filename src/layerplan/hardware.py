@@ -157,6 +157,13 @@ class ClusterSpec:
     shared_cores: int | None = None
     """When set, all ranks of the cluster share this many CPU cores (the emulated cluster runs
     every host on the same 2 cores): compute of concurrent ranks is slowed accordingly."""
+    comm_cpu_s_per_byte: float = 0.0
+    """With shared_cores: CPU seconds each end of a message spends per byte (kernel TCP, gloo's
+    copies), taken from the shared cores. ``layerplan calibrate`` fits it from loopback, where
+    moving bytes costs nothing but CPU. 0: not modelled."""
+    reduce_cpu_s_per_byte: float = 0.0
+    """With shared_cores: CPU seconds per byte of an all-reduce's reduction (gloo on CPU), fitted
+    from the loopback all-reduce. 0: not modelled."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
@@ -167,6 +174,10 @@ class ClusterSpec:
             raise SpecError(f"cluster {self.name!r}: switch_bandwidth_bytes_per_s must be positive or null")
         if self.shared_cores is not None and (not isinstance(self.shared_cores, int) or self.shared_cores < 1):
             raise SpecError(f"cluster {self.name!r}: shared_cores must be a positive integer or null, got {self.shared_cores!r}")
+        for f in ("comm_cpu_s_per_byte", "reduce_cpu_s_per_byte"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise SpecError(f"cluster {self.name!r}: {f} must be a non-negative number of seconds, got {v!r}")
 
     def with_nodes(self, nodes: int) -> "ClusterSpec":
         return replace(self, nodes=nodes)
@@ -180,6 +191,8 @@ class ClusterSpec:
             "nic": {f.name: getattr(self.nic, f.name) for f in fields(LinkSpec)},
             "switch_bandwidth_bytes_per_s": self.switch_bandwidth_bytes_per_s,
             "shared_cores": self.shared_cores,
+            "comm_cpu_s_per_byte": self.comm_cpu_s_per_byte,
+            "reduce_cpu_s_per_byte": self.reduce_cpu_s_per_byte,
         }
 
     def describe(self) -> str:

@@ -136,8 +136,10 @@ def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
 
 
 def calibrated_for(emu, calibrated: hardware.ClusterSpec) -> hardware.ClusterSpec:
-    """The emulated cluster's spec with the calibrated device and link efficiency/latency."""
-    base = emu.cluster_spec(device=calibrated.device)
+    """The emulated cluster's spec with the calibrated device, CPU cost of communication and link
+    efficiency/latency."""
+    base = replace(emu.cluster_spec(device=calibrated.device), comm_cpu_s_per_byte=calibrated.comm_cpu_s_per_byte,
+                   reduce_cpu_s_per_byte=calibrated.reduce_cpu_s_per_byte)
     if not calibrated.name.startswith("emulated"):  # a local calibration knows loopback, not these links
         return base
     nic = replace(base.nic, efficiency=calibrated.nic.efficiency, latency_s=calibrated.nic.latency_s)

@@ -16,7 +16,11 @@ workers is four tasks, not a million flows.
 - ``Compute(group, seconds)``: ``seconds`` is its duration alone on one device. Compute tasks
   active on one node at once share its device (processor sharing). With ``cluster.shared_cores``
   set, every active compute task of the whole cluster (one per node of its group) also shares that
-  many cores: each runs at ``min(1, shared_cores / active)`` (one thread per task).
+  many cores: each runs at ``min(1, shared_cores / active)`` (one thread per task). Moving bytes
+  costs CPU too where the cluster says so: ``comm_cpu_s_per_byte`` at each end of every message
+  and ``reduce_cpu_s_per_byte`` on half of an all-reduce's bytes (the reduction), drawn from the
+  same shared cores — on an emulated cluster at 10 Gbit/s, TCP and gloo's copies and reductions
+  take cores away from compute.
 - ``Transfer(src, dst, bytes_per_flow, pattern)``: a class of flows between two groups.
   ``messages · latency_s`` pass before the bytes move. Patterns, with n_s / n_d nodes:
 
@@ -89,7 +93,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
-from layerplan.cost.collectives import SCHEMES, collective_cost
+from layerplan.cost.collectives import ALLREDUCE, SCHEMES, collective_cost
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 
@@ -499,6 +503,8 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                     coefs.append((res.ingress[t.dst], float(in_f)))
                     if res.switch is not None:
                         coefs.append((res.switch, float(total_f)))
+                    if res.cores is not None and cluster.comm_cpu_s_per_byte > 0:  # both ends' CPU, every flow
+                        coefs.append((res.cores, 2.0 * cluster.comm_cpu_s_per_byte * total_f))
                 total = t.bytes_per_flow * total_f
                 sent[t.src] = total
                 recv[t.dst] = total
@@ -515,6 +521,14 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                         coefs.append((r, b / amount))
                 if res.switch is not None and cost.total_bytes > 0:
                     coefs.append((res.switch, cost.total_bytes / amount))
+                if res.cores is not None and cost.total_bytes > 0:
+                    # every byte sent costs CPU at both ends; an all-reduce also reduces half of what
+                    # it moves (ring: (n−1)·S of 2(n−1)·S), on the same shared cores
+                    cpu = 2.0 * cluster.comm_cpu_s_per_byte * cost.total_bytes
+                    if t.scheme in ALLREDUCE:
+                        cpu += cluster.reduce_cpu_s_per_byte * cost.total_bytes / 2.0
+                    if cpu > 0:
+                        coefs.append((res.cores, cpu / amount))
             if n > 1:
                 sent[t.group] = cost.total_bytes
                 recv[t.group] = cost.total_bytes
