@@ -83,3 +83,14 @@ def test_validate_runs_the_matrix_on_an_emulated_cluster(tmp_path):
     assert (tmp_path / "predicted-vs-measured.png").stat().st_size > 0
     assert (tmp_path / "throughput-by-strategy.png").stat().st_size > 0
     assert not [ns for ns in emulate.namespaces() if ns.startswith(f"{emulate.PREFIX}-{validate.EMULATION_NAME}-")]
+
+
+def test_configurations_predicted_too_slow_are_skipped_with_the_reason():
+    from layerplan.runtime.emulate import Emulated
+
+    emu = Emulated(name="t", hosts=3, rate_bytes_per_s=100e6 / 8, subnet=1)
+    case = next(c for c in validate.cases(validate.MATRICES["full"])
+                if (c.model, c.strategy, c.workers, c.rate) == ("vgg16_cifar", "ps", 2, "100Mbit"))
+    reason = validate.too_slow(case, emu, None, validate.MATRICES["full"])
+    assert reason and "per step, over the matrix's 30 s" in reason
+    assert validate.too_slow(case, emu, None, validate.replace(validate.MATRICES["full"], max_step_s=1e4)) is None

@@ -36,6 +36,10 @@ class Matrix:
     """Measure about this long per configuration (steps = target / predicted step, clamped)."""
     min_steps: int = 3
     max_steps: int = 12
+    max_step_s: float = 30.0
+    """Configurations predicted slower than this per step are skipped, with the reason (at
+    100 Mbit/s a parameter server moving vgg16_cifar's 134 MB four times takes 90 s a step: five
+    such runs would double --full's time and are never a scenario's best)."""
 
 
 MATRICES = {
@@ -133,6 +137,19 @@ def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
         "measured_bytes_per_step": m["bytes_per_step"]["total"], "predicted_bytes_per_step": pred["bytes_per_step"]["total"],
         "bottleneck": pred["bottleneck"], "wall_s": wall,
     }
+
+
+def too_slow(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix) -> str | None:
+    """Why ``case`` is left out (its predicted step exceeds ``matrix.max_step_s``), or None."""
+    from layerplan.runtime.predict import predict_run
+    from layerplan.runtime.run_spec import RunSpec
+
+    spec = RunSpec(model=case.model, strategy=case.strategy, config=case.config, batch_size=matrix.batch_size)
+    step = predict_run(spec, calibrated_for(emu, calibrated) if calibrated else emu.cluster_spec())["step_time_s"]
+    if step <= matrix.max_step_s:
+        return None
+    return (f"predicted {step:.0f} s per step, over the matrix's {matrix.max_step_s:.0f} s: "
+            f"{matrix.min_steps + 1} steps would take {(matrix.min_steps + 1) * step / 60:.0f} min")
 
 
 def calibrated_for(emu, calibrated: hardware.ClusterSpec) -> hardware.ClusterSpec:
@@ -233,6 +250,13 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             continue
         with emulate.running(hosts, rate, EMULATION_NAME) as emu:
             for c in batch:
+                slow = too_slow(c, emu, calibrated, matrix)
+                if slow:
+                    skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate,
+                                    "reason": slow})
+                    if skip:
+                        skip(c, slow)
+                    continue
                 if progress:
                     progress(f"{c.model} {c.strategy} {c.workers}w {rate}")
                 rows.append(run_case(c, emu, calibrated, matrix, out_dir / "runs"))
