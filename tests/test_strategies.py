@@ -128,6 +128,19 @@ def test_hybrid_partition_vs_replicate_output_layer():
     assert repl.bytes_sent_per_node["fc"] > part.bytes_sent_per_node["fc"]
 
 
+def test_hybrid_single_fc_layer_after_a_dropout_transposes_the_logits():
+    # the dropout before the only fc layer joins its block; the logits are still that fc layer's output
+    net = make_net(chain(("c1", "conv", 1_000, (16, 4, 4), 1_000_000), ("flat", "other", 0, (256,), 0),
+                         ("d1", "dropout", 0, (256,), 0), ("f1", "fc", 257 * 100, (100,), 51_200)))
+    n_c, n_f, b = 2, 2, 8
+    s = strategies.get("hybrid")
+    pred = strategies.predict(net, ideal(4), "hybrid", s.Config(conv_workers=n_c, fc_workers=n_f), b)
+    g = n_c * b
+    back = n_c * b * 256 * 4  # partial input gradients to every CONV worker
+    transpose = 2 * (n_f - 1) * 100 * 4 * g / n_f ** 2  # logits to rows and back
+    assert pred.payload_sent_per_node["fc"] == pytest.approx(back + transpose)
+
+
 def test_shared_cores_slow_compute():
     net, b = net_fc_heavy(), 8
     cfg = strategies.get("allreduce").Config(workers=4)

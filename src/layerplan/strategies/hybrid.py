@@ -211,7 +211,9 @@ class Hybrid(Strategy):
             layouts.append((need, out, in_bytes))
             cur = out
         # the loss needs whole rows of logits: batch-split them
-        out_bytes = blocks[-1][1][-1].out_bytes if blocks[-1][1] else blocks[-1][0].out_bytes
+        # the logits: the last block's last layer in network order (element-wise layers before the
+        # first fc layer join its block, so with one block its tail may start before its fc layer)
+        out_bytes = max([blocks[-1][0], *blocks[-1][1]], key=lambda x: net.index(x.name)).out_bytes
         move(cur, "batch", out_bytes, backward=False)
         move("batch", cur, out_bytes, backward=True)
         fc_reduces = []
