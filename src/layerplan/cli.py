@@ -254,7 +254,7 @@ def _register_engine(sub) -> None:
     add_model_args(p)
     p.add_argument("--batch-size", type=positive_int, default=32, metavar="B", help="samples per worker per step (default 32)")
     add_cluster_args(p)
-    p.add_argument("--strategies", metavar="S1,S2", help=f"only these strategies (default all: {names})")
+    p.add_argument("--strategies", "--strategy", metavar="S1,S2", help=f"only these strategies (default all: {names})")
     p.add_argument("--top", type=positive_int, default=10, metavar="K", help="rows to show (default 10)")
     p.add_argument("-o", "--output", metavar="PLAN.json", help="write the best plan (what `train --plan` runs)")
     p.add_argument("--json", action="store_true")
