@@ -6,7 +6,7 @@ with n CONV workers and n_f = 1 and 2 FC machines (n + n_f ranks), the same batc
 prints measured and predicted throughput (samples/s), the prediction's error, and each run's
 throughput relative to DDP with the same n — measured and predicted. Asserts nothing.
 
-    python benchmarks/hybrid_vs_dp.py [MODEL] [--conv-workers 2,4] [--fc-workers 1,2] [--steps 8] [--json]
+    python benchmarks/hybrid_vs_dp.py [MODEL] [--conv-workers 2,4] [--fc-workers 1,2] [--steps 6] [--json]
 
 All ranks share this machine's cores (one thread each) and talk over loopback, so hybrid's FC
 machines compete with the CONV workers for the same cores: the figures show the runtime and the
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--conv-workers", type=int_list, default=[2, 4], metavar="2,4",
                     help="CONV workers of hybrid = DDP workers (default 2,4)")
     ap.add_argument("--fc-workers", type=int_list, default=[1, 2], metavar="1,2", help="hybrid FC machines (default 1,2)")
-    ap.add_argument("--steps", type=int, default=8, help="steps per run, 2 of them warm-up (default 8)")
+    ap.add_argument("--steps", type=int, default=6, help="steps per run, 2 of them warm-up (default 6)")
     ap.add_argument("--batch-size", type=int, default=16, help="samples per worker (default 16)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
