@@ -45,6 +45,11 @@ def test_train_on_torchrun_writes_spec_and_prints_the_command(capsys, tmp_path):
     (["nin", "--strategy", "stanza"], "stanza needs an FC phase"),
     (["nin", "--strategy", "ralp"], "ralp needs an FC phase"),
     (["debug", "--strategy", "stanza", "--split", "fc2"], "last layer"),
+    (["debug", "--strategy", "hybrid", "--fc-workers", "2", "--replicate", "fc9"], "'fc9', not an fc layer"),
+    (["nin", "--strategy", "hybrid"], "hybrid needs an FC phase"),
+    (["debug", "--strategy", "hybrid", "--fc-workers", "11"], "fewer than the 11 FC machines"),
+    (["debug", "--strategy", "stanza", "--replicate", "fc2"], "--replicate does not apply to stanza"),
+    (["debug", "--strategy", "hybrid", "--workers", "2", "--conv-workers", "3"], "both given and differ"),
 
     (["debug", "--strategy", "ps", "--workers", "100"], "more than makes sense"),
     (["debug", "--strategy", "ps", "--data", "mnist"], "data must be"),
@@ -58,7 +63,9 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, words):
     assert rc == 2 and words in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("argv", [["--strategy", "gossip"], ["--strategy", "ps", "--workers", "0"]])
+@pytest.mark.parametrize("argv", [["--strategy", "gossip"], ["--strategy", "ps", "--workers", "0"],
+                                  ["--strategy", "hybrid", "--fc-workers", "0"],
+                                  ["--strategy", "hybrid", "--replicate", "fc1,fc1"]])
 def test_argparse_rejects(capsys, argv):
     with pytest.raises(SystemExit) as e:
         cli.main(["train", "debug", *argv])
@@ -77,6 +84,41 @@ def test_train_plan_runs_what_plan_wrote(capsys, tmp_path):
     assert (spec.model, spec.strategy, spec.batch_size) == ("alexnet_cifar", planned["strategy"], 4)
     for key, value in planned["config"].items():
         assert spec.config[{"setting": "ralp_setting"}.get(key, key)] == value
+
+
+def test_train_plan_runs_a_hybrid_plan(capsys, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli.main(["plan", "debug", "--cluster", "local-cpu", "--nodes", "4", "--batch-size", "4",
+                     "--strategy", "hybrid", "-o", str(plan)]) == 0
+    text = capsys.readouterr().out
+    assert "per fc layer" in text and "fc1: " in text  # partitioned or replicated, and why
+    planned = json.loads(plan.read_text())
+    assert planned["strategy"] == "hybrid"
+    out = tmp_path / "spec.json"
+    assert cli.main(["train", "--plan", str(plan), "--on", "torchrun", "--spec-out", str(out)]) == 0
+    spec = RunSpec.load(out)
+    assert spec.strategy == "hybrid" and spec.batch_size == 4
+    assert {k: spec.config[k] for k in planned["config"]} == planned["config"]
+
+
+def test_hybrid_plan_json_explains_each_fc_layer(capsys):
+    assert cli.main(["plan", "yan_imagenet22k", "--input-size", "67", "--num-classes", "1000", "--nodes", "8",
+                     "--strategy", "hybrid", "--top", "20", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["ranked"]
+    for row in rows:
+        assert [x["layer"] for x in row["layers"]] == ["classifier.0", "classifier.2"]
+        for x in row["layers"]:
+            assert x["choice"] in ("partitioned", "replicated", "whole") and x["reason"].startswith(x["choice"])
+            if x["choice"] != "whole":  # Yan §6.4: partitioning moves activations, replicating weights
+                assert x["cheaper"] == ("partitioned" if x["activation_bytes"] < x["weight_bytes"] else "replicated")
+
+
+def test_hybrid_cli_options_reach_the_spec(tmp_path):
+    out = tmp_path / "spec.json"
+    assert cli.main(["train", "alexnet_cifar", "--strategy", "hybrid", "--workers", "3", "--fc-workers", "2",
+                     "--replicate", "classifier.6,classifier.4", "--on", "torchrun", "--spec-out", str(out)]) == 0
+    assert RunSpec.load(out).config == {"conv_workers": 3, "fc_workers": 2,
+                                        "replicate": ["classifier.6", "classifier.4"], "split": None}
 
 
 def test_stanza_workers_means_conv_workers(tmp_path):

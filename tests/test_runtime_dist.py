@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from layerplan.runtime.launch import RunError, launch_local
-from layerplan.runtime.layout import layout, ps_shards
-from layerplan.runtime.model import resolve, split_layer
+from layerplan.runtime.layout import feature_slices, layout, ps_shards
+from layerplan.runtime.model import hybrid_phase, resolve, split_layer
 from layerplan.runtime.predict import predict_run
 from layerplan.runtime.reference import load_params, reference_run
 from layerplan.runtime.run_spec import RunSpec
@@ -54,6 +54,8 @@ def expected_sent(spec, net, module) -> dict[int, int]:
         shards = ps_shards(net.total_params, spec.config["servers"])
         for r, role in roles.items():
             out[r] = p_all if role.kind == "worker" else nw * (shards[role.index][1] - shards[role.index][0]) * 4
+    elif spec.strategy == "hybrid":
+        out = hybrid_expected_sent(spec, net)
     elif spec.strategy == "allreduce":
         bufs = sum(b.numel() * b.element_size() for b in module.buffers()) * net.dtype_bytes // \
             next(module.parameters()).element_size()
@@ -72,6 +74,43 @@ def expected_sent(spec, net, module) -> dict[int, int]:
                 out[r] = act + head
             else:  # ralp PS worker
                 out[r] = spec.config["workers"] * (act + head)
+    return out
+
+
+def hybrid_expected_sent(spec, net) -> dict[int, int]:
+    """hybrid, rank by rank (roles/hybrid.py): activations to the FC machines, partial or row
+    gradients back, one all-gather/reduce-scatter or transpose pair per block boundary, the logits'
+    transpose pair after a partitioned last block, all-reduces of replicated blocks and of the conv
+    gradients."""
+    n_c, n_f, k = spec.config["conv_workers"], spec.config["fc_workers"], spec.batch_size
+    g, e = n_c * k, net.dtype_bytes
+    phase = hybrid_phase(spec, net)
+    a = net.layer(phase.conv_end).out_bytes
+    p_conv = sum(x.param_bytes for x in net.layers[:net.index(phase.conv_end) + 1])
+    rows = [((q + 1) * n_c // n_f - q * n_c // n_f) * k for q in range(n_f)]
+    first = phase.blocks[0]
+    out = {i: a * k * (n_f if first.partitioned else 1) + (p_conv if n_c > 1 else 0) for i in range(n_c)}
+    for q in range(n_f):
+        others = [p for p in range(n_f) if p != q]
+        b = a * (g if first.partitioned else rows[q])  # gradients back to the CONV workers
+        for prev, blk in zip(phase.blocks, phase.blocks[1:]):
+            x = net.layer(prev.layers[-1]).out_bytes  # values per sample crossing this boundary
+            sl = feature_slices(x // e, n_f)
+            width = [(hi - lo) * e for lo, hi in sl]
+            if prev.partitioned and blk.partitioned:  # all-gather slices; reduce-scatter partials
+                b += (n_f - 1) * g * width[q] + sum(g * width[p] for p in others)
+            elif blk.partitioned:  # all-gather rows; reduce-scatter rows
+                b += (n_f - 1) * rows[q] * x + sum(rows[p] * x for p in others)
+            elif prev.partitioned:  # transpose and back
+                b += sum(rows[p] * width[q] for p in others) + sum(rows[q] * width[p] for p in others)
+        last = phase.blocks[-1]
+        if last.partitioned:
+            sl = feature_slices(net.layer(last.layers[-1]).out_bytes // e, n_f)
+            width = [(hi - lo) * e for lo, hi in sl]
+            b += sum(rows[p] * width[q] for p in others) + sum(rows[q] * width[p] for p in others)
+        if n_f > 1:
+            b += sum(net.layer(name).param_bytes for blk in phase.blocks if not blk.partitioned for name in blk.layers)
+        out[n_c + q] = b
     return out
 
 
@@ -108,6 +147,40 @@ def check_run(tmp_path, model, strategy, config, batch, **kw):
                          "-".join(f"{k}{x}" for k, x in v.items()))
 def test_debug_equals_single_process_sgd_and_sends_expected_bytes(tmp_path, strategy, config):
     check_run(tmp_path, "debug", strategy, config, batch=3)
+
+
+HYBRID = [
+    {"conv_workers": 2, "fc_workers": 1},
+    {"conv_workers": 2, "fc_workers": 2},
+    {"conv_workers": 3, "fc_workers": 3},
+    {"conv_workers": 2, "fc_workers": 2, "replicate": ["fc2"]},  # Yan §6.4: the output layer replicated
+    {"conv_workers": 3, "fc_workers": 2, "replicate": ["fc1"]},  # replicated → partitioned, uneven blocks
+    {"conv_workers": 2, "fc_workers": 3, "replicate": ["fc1"]},  # an FC machine with no rows of its own
+]
+
+
+def _hid(c: dict) -> str:
+    return f"nc{c['conv_workers']}-nf{c['fc_workers']}" + "".join(f"-rep-{r}" for r in c.get("replicate", []))
+
+
+@pytest.mark.parametrize("config", HYBRID, ids=_hid)
+def test_hybrid_equals_single_process_sgd_and_sends_the_schedules_bytes(tmp_path, config):
+    """Partitioned fc layers (n_f = 1, 2, 3), a replicated output layer, mixed layouts: the run equals
+    single-process SGD on the global batch after 5 steps, every rank sends exactly the bytes the
+    layout rules give, and the engine's schedule charges each role the same bytes (within 2%)."""
+    check_run(tmp_path, "debug", "hybrid", config, batch=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [{"conv_workers": 2, "fc_workers": 2},
+                                    {"conv_workers": 2, "fc_workers": 2, "replicate": ["classifier.6"]}], ids=_hid)
+def test_hybrid_alexnet_cifar_equals_single_process_sgd(tmp_path, config):
+    check_run(tmp_path, "alexnet_cifar", "hybrid", config, batch=2, dtype="float64")
+
+
+def test_hybrid_resnet_cifar_in_float64(tmp_path):
+    """BatchNorm in the conv phase: per-CONV-worker batch statistics, as the reference chunks them."""
+    check_run(tmp_path, "resnet_cifar", "hybrid", {"conv_workers": 2, "fc_workers": 2}, batch=2, dtype="float64")
 
 
 FAST_ALEXNET = {("stanza", "conv_workers2-fc_workers1"), ("ralp", "workers2")}
@@ -226,7 +299,8 @@ def test_kill_9_names_the_rank_and_resume_is_exact(tmp_path):
 
 
 @pytest.mark.parametrize("strategy, config", [("ps", {"workers": 2, "servers": 2}), ("allreduce", {"workers": 2}),
-                                              ("ralp", {"workers": 2})])
+                                              ("ralp", {"workers": 2}),
+                                              ("hybrid", {"conv_workers": 2, "fc_workers": 2, "replicate": ["fc2"]})])
 def test_resume_is_exact_for_every_strategy(tmp_path, strategy, config):
     ck = str(tmp_path / "ck")
     first = make_spec(tmp_path, "debug", strategy, config, 3, steps=3, checkpoint_dir=ck)

@@ -12,7 +12,8 @@ from layerplan.errors import ConfigError, LayerplanError, SpecError
 from layerplan.runtime import checkpoint
 from layerplan.runtime.commands import attach_prediction
 from layerplan.runtime.data import DigitsSource, Sharder, SyntheticSource
-from layerplan.runtime.layout import data_workers, global_batch, layout, nodes_represented, ps_shards, world_size
+from layerplan.runtime.layout import (data_workers, feature_slices, global_batch, layout, nodes_represented, ps_shards,
+                                     world_size)
 from layerplan.runtime.metrics import summarize
 from layerplan.runtime.run_spec import RunSpec
 from layerplan.runtime.split import disable_dropout, split_module
@@ -56,6 +57,10 @@ def test_runspec_from_dict_is_strict(change, words):
     ({"strategy": "allreduce", "config": {"workers": 2, "servers": 1}}, ConfigError, "servers"),
     ({"strategy": "stanza", "config": {"fc_workers": 1}}, ConfigError, "conv_workers"),
     ({"strategy": "ralp", "config": {"workers": 2, "ralp_setting": "X"}}, ConfigError, "ralp_setting"),
+    ({"strategy": "hybrid", "config": {"conv_workers": 2, "fc_workers": 0}}, ConfigError, "fc_workers must be at least 1"),
+    ({"strategy": "hybrid", "config": {"conv_workers": 2, "replicate": "fc2"}}, ConfigError, "list of fc layer names"),
+    ({"strategy": "hybrid", "config": {"conv_workers": 2, "replicate": ["fc2", "fc2"]}}, ConfigError, "twice"),
+    ({"strategy": "hybrid", "config": {"fc_workers": 2}}, ConfigError, "conv_workers"),
     ({"batch_size": 0}, SpecError, "batch_size"),
     ({"momentum": 1.0}, SpecError, "momentum"),
     ({"lr": -1.0}, SpecError, "lr"),
@@ -84,7 +89,66 @@ def test_layouts():
     assert global_batch(spec(strategy="allreduce", config={"workers": 3}, batch_size=5)) == 15
 
 
-def test_layout_rejects_nonsense():
+def test_hybrid_spec_and_layout():
+    s = spec(strategy="hybrid", config={"conv_workers": 3, "fc_workers": 2})
+    assert s.config == {"conv_workers": 3, "fc_workers": 2, "replicate": [], "split": None}
+    assert RunSpec.from_json(s.to_json()) == s
+    h = layout(s)
+    assert [r.kind for r in h.values()] == ["conv_worker"] * 3 + ["fc_worker"] * 2
+    assert h[3].peers == (0,) and h[4].peers == (1, 2)  # batch-layout rows: contiguous blocks of CONV workers
+    assert [h[i].peers for i in range(3)] == [(3, 4), (4, 3), (4, 3)]  # own FC machine first
+    assert data_workers(s) == 3 and world_size(s) == 5
+    more = layout(s.replace(config={"conv_workers": 2, "fc_workers": 3}))  # an FC machine without rows is fine
+    assert more[2].peers == () and more[3].peers == (0,) and more[4].peers == (1,)
+    assert feature_slices(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    with pytest.raises(ConfigError, match="cannot partition 2 output features over 3"):
+        feature_slices(2, 3)
+
+
+def test_merge_slices_rebuilds_partitioned_parameters():
+    from layerplan.runtime.reference import merge_slices
+
+    w = torch.arange(12.0).reshape(4, 3)
+    got = merge_slices({"a.weight[2:4]": w[2:], "a.weight[0:2]": w[:2], "b": torch.ones(1)})
+    assert set(got) == {"a.weight", "b"} and torch.equal(got["a.weight"], w)
+    with pytest.raises(ValueError, match="do not tile"):
+        merge_slices({"a.weight[0:2]": w[:2], "a.weight[3:4]": w[3:]})
+
+
+HYBRID_NETS = '''
+import torch.nn as nn
+
+def log_softmax_head():
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 8), nn.ReLU(),
+                         nn.Linear(8, 6), nn.LogSoftmax(dim=1))
+'''
+
+
+def test_hybrid_phase_blocks_and_errors(tmp_path):
+    from layerplan.runtime.model import hybrid_phase, resolve
+
+    def phase(model="debug", input_size=None, **config):
+        s = spec(model=model, strategy="hybrid", config={"conv_workers": 2, **config}, input_size=input_size)
+        return hybrid_phase(s, resolve(s)[0])
+
+    p = phase(fc_workers=2, replicate=["fc2"])
+    assert p.conv_end == "flatten"
+    assert [(b.fc, b.layers, b.partitioned) for b in p.blocks] == [("fc1", ("fc1", "relu3"), True),
+                                                                  ("fc2", ("fc2",), False)]
+    assert not any(b.partitioned for b in phase(fc_workers=1).blocks)  # one FC machine: whole layers
+    a = phase("alexnet_cifar", fc_workers=2)
+    assert a.conv_end == "classifier.0"  # the dropout before the first fc layer runs with the conv phase
+    assert [b.fc for b in a.blocks] == ["classifier.1", "classifier.4", "classifier.6"]
+    with pytest.raises(ConfigError, match="'fc9', not an fc layer"):
+        phase(fc_workers=2, replicate=["fc9"])
+    with pytest.raises(ConfigError, match="hybrid needs an FC phase"):
+        phase("nin", fc_workers=2)
+    f = tmp_path / "nets.py"
+    f.write_text(HYBRID_NETS)
+    model = f"{f}:log_softmax_head"
+    with pytest.raises(ConfigError, match="'6' \\(LogSoftmax\\) after '5' is not element-wise"):
+        phase(model, 8, fc_workers=2)
+    assert [b.partitioned for b in phase(model, 8, fc_workers=2, replicate=["5"]).blocks] == [True, False]
     with pytest.raises(ConfigError, match="fc_workers <= conv_workers"):
         layout(spec(strategy="stanza", config={"conv_workers": 1, "fc_workers": 2}))
     with pytest.raises(ConfigError, match="more than makes sense"):

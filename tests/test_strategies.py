@@ -128,6 +128,33 @@ def test_hybrid_partition_vs_replicate_output_layer():
     assert repl.bytes_sent_per_node["fc"] > part.bytes_sent_per_node["fc"]
 
 
+def test_hybrid_single_fc_layer_after_a_dropout_transposes_the_logits():
+    # the dropout before the only fc layer joins its block; the logits are still that fc layer's output
+    net = make_net(chain(("c1", "conv", 1_000, (16, 4, 4), 1_000_000), ("flat", "other", 0, (256,), 0),
+                         ("d1", "dropout", 0, (256,), 0), ("f1", "fc", 257 * 100, (100,), 51_200)))
+    n_c, n_f, b = 2, 2, 8
+    s = strategies.get("hybrid")
+    pred = strategies.predict(net, ideal(4), "hybrid", s.Config(conv_workers=n_c, fc_workers=n_f), b)
+    g = n_c * b
+    back = n_c * b * 256 * 4  # partial input gradients to every CONV worker
+    transpose = 2 * (n_f - 1) * 100 * 4 * g / n_f ** 2  # logits to rows and back
+    assert pred.payload_sent_per_node["fc"] == pytest.approx(back + transpose)
+
+
+def test_hybrid_layer_choices_follow_yan():
+    from layerplan.strategies.hybrid import layer_choices
+
+    net = make_net(chain(("c1", "conv", 10_000, (16, 8, 8), 10_000_000), ("flat", "other", 0, (1024,), 0),
+                         ("f1", "fc", 1_000_000, (1024,), 2_000_000), ("f2", "fc", 22_000_000, (22_000,), 44_000_000)))
+    cfg = strategies.get("hybrid").Config(conv_workers=4, fc_workers=4, replicate=("f1",))
+    c1, c2 = layer_choices(net, cfg, 8)
+    g = 32
+    # partitioned: 3/4 of the input of the global batch is remote (Yan eq.6); replicated: ring 2·3/4·W
+    assert c1.activation_bytes == pytest.approx(0.75 * 1024 * 4 * g) and c1.weight_bytes == pytest.approx(1.5 * 4e6)
+    assert (c1.choice, c1.cheaper) == ("replicated", "partitioned") and "though partitioned would move less" in c1.reason
+    assert (c2.choice, c2.cheaper) == ("partitioned", "partitioned") and c2.reason.startswith("partitioned: moves")
+
+
 def test_shared_cores_slow_compute():
     net, b = net_fc_heavy(), 8
     cfg = strategies.get("allreduce").Config(workers=4)

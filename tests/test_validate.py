@@ -58,7 +58,10 @@ def test_lower_bound_is_the_larger_of_compute_and_nic_time():
 def test_matrices_cover_what_the_summary_needs():
     quick = validate.cases(validate.MATRICES["quick"])
     full = validate.cases(validate.MATRICES["full"])
-    assert {c.strategy for c in quick} == set(validate.RUNTIME_STRATEGIES)
+    assert {c.strategy for c in quick} == set(validate.QUICK_STRATEGIES)  # quick stays within 10 minutes
+    assert {c.strategy for c in full} == set(validate.RUNTIME_STRATEGIES) and "hybrid" in validate.RUNTIME_STRATEGIES
+    hybrid = [c for c in full if c.strategy == "hybrid"]
+    assert len(hybrid) == 18 and all(c.config == {"conv_workers": c.workers, "fc_workers": 2} for c in hybrid)
     assert len(full) >= 24 and {c.model for c in full} >= {"vgg16_cifar", "alexnet_cifar", "resnet_cifar"}
     assert {c.rate for c in full} == {"100Mbit", "1Gbit", "10Gbit"} and 4 in {c.workers for c in full}
 

@@ -229,10 +229,20 @@ def plan_dict(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str]
                     "global_batch": r.prediction.samples_per_step,
                     "speedup_vs_ps": r.throughput / best_ps.throughput if best_ps else None,
                     "speedup_vs_ring_allreduce": r.throughput / ring.throughput if ring else None,
-                    "bottleneck": r.prediction.bottleneck} for i, r in enumerate(rows)],
+                    "bottleneck": r.prediction.bottleneck, **_hybrid_layers(net, r, batch)}
+                   for i, r in enumerate(rows)],
         "not_applicable": skipped,
         "skipped": dict(getattr(ranked, "skipped", {})),
     }
+
+
+def _hybrid_layers(net: NetSpec, ranked, batch: int) -> dict[str, Any]:
+    """{"layers": [...]} for a hybrid row: each fc layer partitioned or replicated, and why."""
+    if ranked.strategy != "hybrid":
+        return {}
+    from layerplan.strategies.hybrid import layer_choices
+
+    return {"layers": [c.to_dict() for c in layer_choices(net, ranked.config, batch)]}
 
 
 def print_plan(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str], top: int) -> None:
@@ -246,6 +256,14 @@ def print_plan(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str
                   f"{r.throughput:,.1f}", _speedup(r, best_ps), _speedup(r, ring), r.prediction.bottleneck,
                   style="bold green" if i == 0 else None)
     console().print(t)
+    hybrids = [(i, r) for i, r in enumerate(rows) if r.strategy == "hybrid"]
+    # the best hybrid row, and the best one with several FC machines (where the choice matters)
+    shown = hybrids[:1] + [h for h in hybrids if h[1].config.fc_workers > 1][:1]
+    for i, r in dict(shown).items():
+        console().print(f"hybrid #{i + 1} ({config_text(r.config)}), per fc layer (Yan §6.4: partitioning moves "
+                        "activations, replicating moves weights):", markup=False, soft_wrap=True)
+        for row in _hybrid_layers(net, r, batch)["layers"]:
+            console().print(f"  {row['layer']}: {row['reason']}", markup=False, soft_wrap=True)
     for name, why in skipped.items():
         console().print(f"  {name}: not applicable — {why}", markup=False, soft_wrap=True)
     for line in skipped_lines(getattr(ranked, "skipped", {})):

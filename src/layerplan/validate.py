@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterable
 from layerplan import hardware, units
 from layerplan.errors import ConfigError
 
-RUNTIME_STRATEGIES = ("ps", "allreduce", "stanza", "ralp")
+RUNTIME_STRATEGIES = ("ps", "allreduce", "stanza", "ralp", "hybrid")
+QUICK_STRATEGIES = ("ps", "allreduce", "stanza", "ralp")
 EMULATION_NAME = "validate"
 
 
@@ -30,7 +31,7 @@ class Matrix:
     models: tuple[str, ...]
     workers: tuple[int, ...]
     rates: tuple[str, ...]
-    strategies: tuple[str, ...] = RUNTIME_STRATEGIES
+    strategies: tuple[str, ...] = QUICK_STRATEGIES
     batch_size: int = 16
     target_s: float = 12.0
     """Measure about this long per configuration (steps = target / predicted step, clamped)."""
@@ -46,9 +47,10 @@ MATRICES = {
     # FC-heavy (alexnet_cifar) and conv-heavy (resnet_cifar), 2 workers, 100 Mbit/s and 1 Gbit/s.
     "quick": Matrix(models=("alexnet_cifar", "resnet_cifar"), workers=(2,), rates=("100Mbit", "1Gbit"), target_s=8.0,
                     max_steps=20),
-    # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, and 10 Gbit/s.
+    # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, 10 Gbit/s, and hybrid (all three nets
+    # have an FC phase it can partition).
     "full": Matrix(models=("vgg16_cifar", "alexnet_cifar", "resnet_cifar"), workers=(2, 4),
-                   rates=("100Mbit", "1Gbit", "10Gbit")),
+                   rates=("100Mbit", "1Gbit", "10Gbit"), strategies=RUNTIME_STRATEGIES),
 }
 
 
@@ -73,14 +75,16 @@ class Case:
 
 def cases(matrix: Matrix) -> list[Case]:
     """Every (model, workers, rate, strategy) of the matrix with the runtime config it runs: ps with
-    one server, allreduce (DDP), stanza with one FC worker, ralp (RALP-N) at the profile's split."""
+    one server, allreduce (DDP), stanza with one FC worker, ralp (RALP-N) at the profile's split,
+    hybrid with its fc layers partitioned over two FC machines (n_c = workers)."""
     out = []
     for rate in matrix.rates:
         for model in matrix.models:
             for n in matrix.workers:
                 for s in matrix.strategies:
                     cfg = {"ps": {"workers": n, "servers": 1}, "allreduce": {"workers": n},
-                           "stanza": {"conv_workers": n, "fc_workers": 1}, "ralp": {"workers": n}}[s]
+                           "stanza": {"conv_workers": n, "fc_workers": 1}, "ralp": {"workers": n},
+                           "hybrid": {"conv_workers": n, "fc_workers": 2}}[s]
                     out.append(Case(model, s, n, rate, cfg))
     return out
 
@@ -231,18 +235,20 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
 
     emulate.check_available()
     out_dir.mkdir(parents=True, exist_ok=True)
-    todo, skipped = [], []
+    from layerplan.runtime.layout import world_size
+
+    todo, skipped, hosts = [], [], 0
     for c in cases(matrix):
         try:
             spec = RunSpec(model=c.model, strategy=c.strategy, config=c.config, batch_size=matrix.batch_size)
             net, _ = resolve(spec)
             check(spec, net)
             todo.append(c)
+            hosts = max(hosts, world_size(spec))
         except ConfigError as e:
             skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate, "reason": str(e)})
             if skip:
                 skip(c, str(e))
-    hosts = max(w for c in todo for w in [c.workers + (0 if c.strategy == "allreduce" else 1)]) if todo else 0
     rows: list[dict] = []
     for rate in matrix.rates:
         batch = [c for c in todo if c.rate == rate]

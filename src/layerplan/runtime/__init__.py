@@ -2,7 +2,7 @@
 
 - ``run_spec.RunSpec``: what to run (model, strategy + config, optimisation, data, bookkeeping).
 - ``layout.layout(spec)``: which rank plays which role — the one place that decides it.
-- ``roles/<strategy>.py``: the communication of one step, per role (ps, allreduce, stanza, ralp).
+- ``roles/<strategy>.py``: the communication of one step, per role (ps, allreduce, stanza, ralp, hybrid).
 - ``split.split_module``: head/tail GraphModules at a NetSpec layer (torch.fx), sharing parameters.
 - ``data``: synthetic / digits / imagefolder, sharded deterministically by (step, worker).
 - ``metrics``: per-rank step records → the Measurement dict (the Prediction's schema).

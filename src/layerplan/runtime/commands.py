@@ -16,11 +16,12 @@ from layerplan.errors import ConfigError
 
 DEFAULT_WORKERS = 2
 STRATEGY_OPTIONS = {  # CLI option -> (config key, strategies it applies to)
-    "workers": ("workers", ("ps", "allreduce", "ralp")),  # stanza: --workers means CONV workers
+    "workers": ("workers", ("ps", "allreduce", "ralp")),  # stanza, hybrid: --workers means CONV workers
     "servers": ("servers", ("ps",)),
-    "conv_workers": ("conv_workers", ("stanza",)),
-    "fc_workers": ("fc_workers", ("stanza",)),
-    "split": ("split", ("stanza", "ralp")),
+    "conv_workers": ("conv_workers", ("stanza", "hybrid")),
+    "fc_workers": ("fc_workers", ("stanza", "hybrid")),
+    "replicate": ("replicate", ("hybrid",)),
+    "split": ("split", ("stanza", "ralp", "hybrid")),
     "ralp_setting": ("ralp_setting", ("ralp",)),
 }
 
@@ -35,17 +36,24 @@ def register(subparsers) -> None:
                     "throughput, bytes per role per step, compute/communication time per role.")
     add_model_args(p, required=False)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--strategy", choices=STRATEGIES, help="ps | allreduce | stanza | ralp")
+    src.add_argument("--strategy", choices=STRATEGIES, help=" | ".join(STRATEGIES))
     src.add_argument("--plan", metavar="PLAN.json",
                      help="run what `layerplan plan -o PLAN.json` wrote (model, strategy, config, batch size)")
     g = p.add_argument_group("strategy configuration")
     g.add_argument("--workers", type=positive_int, metavar="N",
-                   help=f"ps/allreduce/ralp workers (ralp: plus one PS worker), stanza: CONV workers; default {DEFAULT_WORKERS}")
+                   help=f"ps/allreduce/ralp workers (ralp: plus one PS worker), stanza/hybrid: CONV workers; "
+                        f"default {DEFAULT_WORKERS}")
     g.add_argument("--servers", type=positive_int, metavar="N", help="ps: parameter servers (default 1)")
-    g.add_argument("--conv-workers", type=positive_int, metavar="N", help=f"stanza: CONV workers (default {DEFAULT_WORKERS})")
-    g.add_argument("--fc-workers", type=positive_int, metavar="N", help="stanza: FC workers (default 1)")
+    g.add_argument("--conv-workers", type=positive_int, metavar="N",
+                   help=f"stanza/hybrid: CONV workers (default {DEFAULT_WORKERS})")
+    g.add_argument("--fc-workers", type=positive_int, metavar="N",
+                   help="stanza: FC workers, hybrid: FC machines the fc layers are partitioned over (default 1)")
+    g.add_argument("--replicate", type=name_list, metavar="FC1,FC2",
+                   help="hybrid: fc layers computed replicated on every FC machine (data parallel over them, weight "
+                        "gradients all-reduced) instead of partitioned by output features (Yan §6.4; default none)")
     g.add_argument("--split", metavar="LAYER",
-                   help="stanza/ralp: cut after this layer (default: the phase boundary / the RALP profile's split)")
+                   help="stanza/ralp/hybrid: cut after this layer (default: the phase boundary / the RALP profile's "
+                        "split)")
     g.add_argument("--ralp-setting", choices=("N", "H"), help="ralp: RALP-N (N−1 workers) or RALP-H (N/2 workers)")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=positive_int, default=20, metavar="K", help="steps (default 20)")
@@ -81,6 +89,14 @@ def register(subparsers) -> None:
     COMMANDS["train"] = cmd_train
 
 
+def name_list(text: str) -> list[str]:
+    """--replicate: comma-separated layer names (an empty string: none)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a layer is named twice in {text!r}")
+    return names
+
+
 def where(text: str) -> str:
     """--on: local | torchrun | emulated | emulated:NAME."""
     if text in ("local", "torchrun", "emulated") or (text.startswith("emulated:") and len(text) > 9):
@@ -93,6 +109,7 @@ PLAN_TO_RUN = {  # plan (engine) config key -> RunSpec config key; None: not a r
     "allreduce": {"workers": "workers", "algorithm": None, "bucket_bytes": None},
     "stanza": {"conv_workers": "conv_workers", "fc_workers": "fc_workers"},
     "ralp": {"workers": "workers", "split": "split", "setting": "ralp_setting"},
+    "hybrid": {"conv_workers": "conv_workers", "fc_workers": "fc_workers", "replicate": "replicate"},
 }
 
 
@@ -126,12 +143,12 @@ def spec_from_args(args: argparse.Namespace):
     if args.model is None:
         raise ConfigError("give MODEL (a zoo name, file.py:factory, module:factory) or --plan PLAN.json")
     if args.strategy is None:
-        raise ConfigError("give --strategy (ps, allreduce, stanza, ralp) or --plan PLAN.json")
+        raise ConfigError("give --strategy (ps, allreduce, stanza, ralp, hybrid) or --plan PLAN.json")
     if args.batch_size is None:
         args.batch_size = 32
-    if args.strategy == "stanza" and args.workers is not None:
+    if args.strategy in ("stanza", "hybrid") and args.workers is not None:
         if args.conv_workers is not None and args.conv_workers != args.workers:
-            raise ConfigError("stanza: --workers and --conv-workers both given and differ (they mean the same)")
+            raise ConfigError(f"{args.strategy}: --workers and --conv-workers both given and differ (they mean the same)")
         args.conv_workers, args.workers = args.workers, None
     config: dict[str, Any] = {}
     for opt, (key, applies) in STRATEGY_OPTIONS.items():
@@ -142,7 +159,7 @@ def spec_from_args(args: argparse.Namespace):
             raise ConfigError(f"--{opt.replace('_', '-')} does not apply to {args.strategy} "
                               f"(only to {', '.join(applies)})")
         config[key] = v
-    if args.strategy == "stanza":
+    if args.strategy in ("stanza", "hybrid"):
         config.setdefault("conv_workers", DEFAULT_WORKERS)
     else:
         config.setdefault("workers", DEFAULT_WORKERS)

@@ -10,12 +10,19 @@ Layouts (world size in brackets):
   workers ⌊j·n_c/n_f⌋ .. ⌊(j+1)·n_c/n_f⌋−1. Contiguous (rather than i mod n_f) so an FC worker's
   concatenation of its CONV workers' activations, in rank order, is a contiguous slice of the
   global batch.
+- ``hybrid`` [n_c + n_f]: ranks 0..n_c−1 CONV workers (data parallel over the conv phase), ranks
+  n_c..n_c+n_f−1 FC machines (the FC phase, each fc layer partitioned by output features over
+  them or replicated on each). Rows of the global batch in the **batch layout** (where a replicated
+  layer runs and the loss is computed) go to FC machines in the same contiguous blocks of CONV
+  workers as Stanza's: FC machine j holds the samples of CONV workers ⌊j·n_c/n_f⌋ ..
+  ⌊(j+1)·n_c/n_f⌋−1 (none when n_f > n_c and its block is empty). A partitioned layer's slice j
+  is output features ⌊j·F/n_f⌋ .. ⌊(j+1)·F/n_f⌋−1 of its F outputs (``feature_slices``).
 - ``ralp`` [n_w + 1]: ranks 0..n_w−1 workers, rank n_w the PS worker (tail + head aggregation).
   The RALP setting only says how many nodes the run stands for: RALP-N uses N = n_w + 1 nodes,
   RALP-H N = 2·n_w (the paper's N/2 workers + 1 PS GPU).
 
 Data workers — the ranks that read input samples, in data order — are the ps/allreduce/ralp
-workers and the Stanza CONV workers; data worker i reads slice i of every global batch.
+workers and the Stanza and hybrid CONV workers; data worker i reads slice i of every global batch.
 """
 
 from __future__ import annotations
@@ -40,7 +47,9 @@ class Role:
     """Which slice of each global batch this rank reads (None: it reads no inputs)."""
     peers: tuple[int, ...] = ()
     """stanza CONV worker: (its FC worker,); FC worker: its CONV workers in batch order;
-    ralp worker: (the PS worker,); ps worker: the servers; server: the workers."""
+    hybrid CONV worker: (the FC machine holding its samples in the batch layout, then the other
+    FC machines); FC machine: the CONV workers of its batch-layout block in batch order; ralp worker: (the PS worker,); ps worker: the servers;
+    server: the workers."""
 
     def to_dict(self) -> dict:
         return {"rank": self.rank, "kind": self.kind, "index": self.index, "data_index": self.data_index,
@@ -73,6 +82,15 @@ def layout(spec) -> dict[int, Role]:
             roles[nc + j] = Role(rank=nc + j, kind="fc_worker", index=j, peers=block)
             for i in block:
                 roles[i] = Role(rank=i, kind="conv_worker", index=i, data_index=i, peers=(nc + j,))
+    elif s == "hybrid":
+        nc, nf = c["conv_workers"], c["fc_workers"]
+        fcs = tuple(range(nc, nc + nf))
+        for j in range(nf):
+            block = tuple(range(j * nc // nf, (j + 1) * nc // nf))
+            roles[nc + j] = Role(rank=nc + j, kind="fc_worker", index=j, peers=block)
+            for i in block:
+                roles[i] = Role(rank=i, kind="conv_worker", index=i, data_index=i,
+                                peers=(nc + j, *(f for f in fcs if f != nc + j)))
     elif s == "ralp":
         nw = c["workers"]
         for r in range(nw):
@@ -103,6 +121,15 @@ def nodes_represented(spec) -> int:
     if spec.strategy == "ralp" and spec.config["ralp_setting"] == "H":
         return 2 * spec.config["workers"]
     return world_size(spec)
+
+
+def feature_slices(features: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) of each FC machine's slice of a partitioned layer's ``features`` outputs
+    (hybrid): contiguous, balanced (sizes differ by at most one)."""
+    if parts > features:
+        raise ConfigError(f"hybrid: cannot partition {features} output features over {parts} FC machines "
+                          "(replicate that layer or use fewer FC machines)")
+    return [(j * features // parts, (j + 1) * features // parts) for j in range(parts)]
 
 
 def ps_shards(total: int, servers: int) -> list[tuple[int, int]]:

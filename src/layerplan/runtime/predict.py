@@ -4,7 +4,7 @@
 compares with it. It builds the strategy Config the run executes, the ClusterSpec the run stands for
 (``local_cluster`` for ranks on this machine, the emulated cluster's own spec, or a calibrated file)
 and calls ``strategies.predict``; role names are renamed to the runtime's (``conv`` → ``conv_worker``,
-``fc`` → ``fc_worker``, ralp's ``ps`` → ``ps_worker``).
+``fc`` → ``fc_worker`` for stanza and hybrid, ralp's ``ps`` → ``ps_worker``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ ROLE_NAMES: dict[str, dict[str, str]] = {
     "allreduce": {"worker": "worker"},
     "stanza": {"conv": "conv_worker", "fc": "fc_worker"},
     "ralp": {"worker": "worker", "ps": "ps_worker"},
+    "hybrid": {"conv": "conv_worker", "fc": "fc_worker"},
 }
 
 LOOPBACK = hardware.LinkSpec(
@@ -52,16 +53,19 @@ def strategy_config(spec, net) -> Any:
         return s.Config(conv_workers=c["conv_workers"], fc_workers=c["fc_workers"])
     if spec.strategy == "ralp":
         return s.Config(workers=c["workers"], split=split_layer(spec, net), setting=c["ralp_setting"])
+    if spec.strategy == "hybrid":
+        return s.Config(conv_workers=c["conv_workers"], fc_workers=c["fc_workers"], replicate=tuple(c["replicate"]))
     raise ConfigError(f"no prediction for strategy {spec.strategy!r}")
 
 
 def run_net(spec, net):
-    """The NetSpec as the run holds it: its dtype, and for stanza its split as the phase boundary."""
+    """The NetSpec as the run holds it: its dtype, and for stanza and hybrid its split as the phase
+    boundary."""
     from layerplan.runtime.model import split_layer
 
     dtype_bytes = 8 if spec.dtype == "float64" else 4
     net = net.with_dtype_bytes(dtype_bytes)
-    if spec.strategy == "stanza":
+    if spec.strategy in ("stanza", "hybrid"):
         net = replace(net, boundary=split_layer(spec, net))
     return net
 

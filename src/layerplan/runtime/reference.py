@@ -3,7 +3,8 @@ step's global batch, built from the same data shards (``Sharder``) and the same 
 
 ``chunked=True`` (default) evaluates the global-batch loss the way the strategy does — the model
 per data worker's K samples (ps, allreduce), the head per CONV worker and the tail per FC
-worker's block (stanza), the head and the tail per worker (ralp) — and sums the cross-entropy over
+worker's block (stanza), the CONV workers' part per CONV worker and the FC phase over the whole
+global batch (hybrid), the head and the tail per worker (ralp) — and sums the cross-entropy over
 the global batch divided by its size. For a network without batch-dependent layers this is the
 same function as one forward over the concatenated batch (``chunked=False``); with BatchNorm it
 reproduces the per-worker batch statistics that every data-parallel run without SyncBatchNorm
@@ -33,10 +34,14 @@ def reference_run(spec, *, chunked: bool = True, net=None, factory=None) -> dict
     opt = torch.optim.SGD(module.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     split = None
     groups: list[list[int]] = [[w] for w in range(n)]
-    if spec.strategy in ("stanza", "ralp") and chunked:
+    if spec.strategy in ("stanza", "ralp", "hybrid") and chunked:
         from layerplan.runtime.split import split_module
 
-        split = split_module(module, model.split_layer(spec, net))
+        if spec.strategy == "hybrid":
+            split = split_module(module, model.hybrid_phase(spec, net).conv_end)
+            groups = [list(range(n))]
+        else:
+            split = split_module(module, model.split_layer(spec, net))
         if spec.strategy == "stanza":
             roles = layout(spec)
             groups = [[roles[c].data_index for c in r.peers] for r in roles.values() if r.kind == "fc_worker"]
@@ -66,7 +71,9 @@ def reference_run(spec, *, chunked: bool = True, net=None, factory=None) -> dict
 
 def load_params(params_out) -> dict:
     """Merge the ``params-rank{r}.pt`` files of a run (``RunSpec.params_out``); on names held by several
-    ranks the lowest rank wins."""
+    ranks the lowest rank wins. Slices ``"<name>[lo:hi]"`` (rows lo..hi−1 along dim 0, a hybrid
+    partitioned layer's part on one FC machine) are concatenated into ``<name>``; they must cover it
+    without gaps."""
     from pathlib import Path
 
     import torch
@@ -76,4 +83,30 @@ def load_params(params_out) -> dict:
     for f in files:
         for k, v in torch.load(f, map_location="cpu").items():
             out.setdefault(k, v)
+    return merge_slices(out)
+
+
+def merge_slices(params: dict) -> dict:
+    """``{"w[0:3]": a, "w[3:5]": b, ...}`` → ``{"w": cat([a, b]), ...}`` (other names unchanged)."""
+    import re
+
+    import torch
+
+    pattern = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
+    out: dict = {}
+    parts: dict[str, list] = {}
+    for k, v in params.items():
+        m = pattern.match(k)
+        if m:
+            parts.setdefault(m.group(1), []).append((int(m.group(2)), int(m.group(3)), v))
+        else:
+            out[k] = v
+    for name, ps in parts.items():
+        ps.sort(key=lambda p: p[0])
+        end = 0
+        for lo, hi, v in ps:
+            if lo != end or v.shape[0] != hi - lo:
+                raise ValueError(f"slices of {name!r} do not tile it: {[(lo, hi) for lo, hi, _ in ps]}")
+            end = hi
+        out[name] = torch.cat([v for _, _, v in ps])
     return out

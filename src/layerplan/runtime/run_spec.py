@@ -14,7 +14,7 @@ from typing import Any
 
 from layerplan.errors import ConfigError, SpecError
 
-STRATEGIES = ("ps", "allreduce", "stanza", "ralp")
+STRATEGIES = ("ps", "allreduce", "stanza", "ralp", "hybrid")
 BACKENDS = ("gloo", "nccl")
 DTYPES = ("float32", "float64")
 RALP_SETTINGS = ("N", "H")
@@ -27,6 +27,7 @@ CONFIG_KEYS: dict[str, dict[str, Any]] = {
     "allreduce": {"workers": REQUIRED},
     "stanza": {"conv_workers": REQUIRED, "fc_workers": 1, "split": None},
     "ralp": {"workers": REQUIRED, "split": None, "ralp_setting": "N"},
+    "hybrid": {"conv_workers": REQUIRED, "fc_workers": 1, "replicate": [], "split": None},
 }
 
 
@@ -37,13 +38,15 @@ class RunSpec:
     model: str
     """MODEL as on the CLI: a zoo name, file.py:factory, package.module:factory."""
     strategy: str
-    """One of ps, allreduce, stanza, ralp."""
+    """One of ps, allreduce, stanza, ralp, hybrid."""
     config: dict = field(default_factory=dict)
     """Strategy configuration. ps: workers, servers. allreduce: workers. stanza: conv_workers,
     fc_workers, split (layer name; null = the NetSpec's phase boundary). ralp: workers (worker
     ranks; one more rank is the PS worker), split (null = the RALP profile's split), ralp_setting
     ("N": the N-node cluster is workers + PS, n_w = N − 1; "H": n_w = N/2 — only the node count
-    the run stands for changes, see layout.nodes_represented)."""
+    the run stands for changes, see layout.nodes_represented). hybrid: conv_workers, fc_workers
+    (FC machines), replicate (fc layer names computed replicated over the FC machines instead of
+    partitioned by output features), split (as stanza's)."""
     input_size: int | None = None
     """Input height = width (None: the model's default)."""
     num_classes: int | None = None
@@ -224,6 +227,13 @@ def normalize_config(strategy: str, config: Any) -> dict[str, Any]:
                 raise ConfigError(f"{strategy}: {key} must be at least 1, got {v!r}")
     if out.get("split") is not None and (not isinstance(out["split"], str) or not out["split"]):
         raise ConfigError(f"{strategy}: split must be a layer name or null, got {out['split']!r}")
+    if "replicate" in out:
+        r = out["replicate"]
+        if isinstance(r, str) or not isinstance(r, (list, tuple)) or not all(isinstance(x, str) and x for x in r):
+            raise ConfigError(f"{strategy}: replicate must be a list of fc layer names, got {r!r}")
+        if len(set(r)) != len(r):
+            raise ConfigError(f"{strategy}: replicate names a layer twice: {', '.join(r)}")
+        out["replicate"] = list(r)
     if "ralp_setting" in out and out["ralp_setting"] not in RALP_SETTINGS:
         raise ConfigError(f"ralp: ralp_setting must be N or H, got {out['ralp_setting']!r}")
     return out

@@ -117,6 +117,21 @@ def split_module(module, layer: str) -> Split:
     return Split(head=head, tail=tail, layer=layer)
 
 
+def split_chain(module, cuts) -> list:
+    """Cut ``module`` after each layer of ``cuts`` (in network order): ``len(cuts) + 1`` GraphModules
+    whose composition is ``module`` (hybrid: the CONV workers' part, then one piece per fc block).
+    Every cut must be single (ConfigError otherwise, as ``split_module``); parameters are shared with
+    ``module`` under their original names."""
+    pieces = []
+    rest = module
+    for layer in cuts:
+        s = split_module(rest, layer)
+        pieces.append(s.head)
+        rest = s.tail
+    pieces.append(rest)
+    return pieces
+
+
 def disable_dropout(module) -> int:
     """Set p = 0 on every dropout module (RunSpec.deterministic): dropout draws from each rank's RNG,
     so a distributed run can only equal the single-process reference without it. Returns how many."""

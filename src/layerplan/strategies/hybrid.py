@@ -65,6 +65,67 @@ def fc_blocks(net: NetSpec) -> list[tuple[LayerSpec, list[LayerSpec]]]:
     return blocks
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerChoice:
+    """Why one fc layer of a hybrid config is partitioned or replicated (Yan §6.4), in bytes per
+    step per FC machine, each way."""
+
+    layer: str
+    choice: str
+    """partitioned | replicated | whole (one FC machine: nothing to choose)."""
+    activation_bytes: float
+    """Partitioned: remote input activations one FC machine receives forward (Yan eq.6, A(l,p) for
+    an fc segment, which reads all its input and holds 1/n_f of it), and as many error terms it
+    sends backward (M_b); G samples."""
+    weight_bytes: float
+    """Replicated: weight-gradient bytes one FC machine sends (and receives) in the ring all-reduce
+    among the n_f FC machines, 2·(n_f−1)/n_f·W."""
+    cheaper: str
+    """The choice that moves fewer bytes (partitioned | replicated | either)."""
+
+    @property
+    def reason(self) -> str:
+        from layerplan import units
+
+        act, wts = units.format_bytes(self.activation_bytes), units.format_bytes(self.weight_bytes)
+        if self.choice == "whole":
+            return "whole on the one FC machine (nothing to partition or replicate)"
+        if self.choice == "partitioned":
+            said = (f"moves {act} of activations in and {act} of error terms out per FC machine per step (Yan eq.6), "
+                    f"vs {wts} each way of weight gradients if replicated")
+        else:
+            said = (f"moves {wts} of weight gradients each way per FC machine per step (ring all-reduce), vs {act} "
+                    f"of activations in and {act} of error terms out if partitioned (Yan eq.6)")
+        if self.cheaper in (self.choice, "either"):
+            return f"{self.choice}: {said}"
+        return f"{self.choice}, though {self.cheaper} would move less: {said}"
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "choice": self.choice, "activation_bytes": self.activation_bytes,
+                "weight_bytes": self.weight_bytes, "cheaper": self.cheaper, "reason": self.reason}
+
+
+def layer_choices(net: NetSpec, config: HybridConfig, batch: int) -> tuple[LayerChoice, ...]:
+    """Per fc layer: partitioned or replicated, and the bytes each choice moves (Yan §6.4:
+    partitioning moves activations, replicating moves weights). Partitioning moves less exactly
+    when the layer's input for the global batch is smaller than twice its weights: G·in·(1 − 1/n_f)
+    against 2·(n_f − 1)/n_f·W."""
+    from layerplan.plan.yan import remote_fraction
+
+    n_f = config.fc_workers
+    G = config.conv_workers * batch
+    out = []
+    for fc, tail in fc_blocks(net):
+        in_bytes = net.layer(fc.parents[0]).out_bytes if fc.parents else net.boundary_bytes
+        act = remote_fraction(True, n_f, n_f) * in_bytes * G  # Yan eq.6 (§5.2 greedy mapping)
+        w = param_bytes([fc, *tail])
+        wts = 2.0 * (n_f - 1) / n_f * w  # ring all-reduce, per node each way (PALEO §2)
+        cheaper = "either" if math.isclose(act, wts) else ("partitioned" if act < wts else "replicated")
+        choice = "whole" if n_f == 1 else ("replicated" if fc.name in config.replicate else "partitioned")
+        out.append(LayerChoice(layer=fc.name, choice=choice, activation_bytes=act, weight_bytes=wts, cheaper=cheaper))
+    return tuple(out)
+
+
 class Hybrid(Strategy):
     name = "hybrid"
     Config = HybridConfig
@@ -211,7 +272,9 @@ class Hybrid(Strategy):
             layouts.append((need, out, in_bytes))
             cur = out
         # the loss needs whole rows of logits: batch-split them
-        out_bytes = blocks[-1][1][-1].out_bytes if blocks[-1][1] else blocks[-1][0].out_bytes
+        # the logits: the last block's last layer in network order (element-wise layers before the
+        # first fc layer join its block, so with one block its tail may start before its fc layer)
+        out_bytes = max([blocks[-1][0], *blocks[-1][1]], key=lambda x: net.index(x.name)).out_bytes
         move(cur, "batch", out_bytes, backward=False)
         move("batch", cur, out_bytes, backward=True)
         fc_reduces = []

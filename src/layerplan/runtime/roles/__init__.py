@@ -138,6 +138,7 @@ def flat_params(params):
 
 
 def make_role(ctx: Context) -> RoleBase:
-    from layerplan.runtime.roles import allreduce, ps, ralp, stanza
+    from layerplan.runtime.roles import allreduce, hybrid, ps, ralp, stanza
 
-    return {"ps": ps.make, "allreduce": allreduce.make, "stanza": stanza.make, "ralp": ralp.make}[ctx.spec.strategy](ctx)
+    return {"ps": ps.make, "allreduce": allreduce.make, "stanza": stanza.make, "ralp": ralp.make,
+            "hybrid": hybrid.make}[ctx.spec.strategy](ctx)
