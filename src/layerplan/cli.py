@@ -522,4 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as `python -m layerplan.cli`: subcommands register in the imported module's COMMANDS,
+    # which is not this __main__ copy — hand over to it
+    from layerplan import cli as _cli
+
+    sys.exit(_cli.main())
