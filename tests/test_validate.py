@@ -61,6 +61,15 @@ def test_matrices_cover_what_the_summary_needs():
     assert {c.strategy for c in quick} == set(validate.RUNTIME_STRATEGIES)
     assert len(full) >= 24 and {c.model for c in full} >= {"vgg16_cifar", "alexnet_cifar", "resnet_cifar"}
     assert {c.rate for c in full} == {"100Mbit", "1Gbit", "10Gbit"} and 4 in {c.workers for c in full}
+    assert "groups" not in {c.strategy for c in quick}
+    grp = {(c.workers, c.config["groups"]) for c in full if c.strategy == "groups"}
+    assert grp == {(2, 1), (2, 2), (4, 1), (4, 2), (4, 4)}
+    assert {c.label for c in full if c.strategy == "groups"} == {"groups(g=1)", "groups(g=2)", "groups(g=4)"}
+
+
+def test_groups_rows_compete_by_their_g():
+    rows = [dict(row("a", "groups", 1.0, 1.0), label="groups(g=1)"), dict(row("a", "groups", 0.5, 0.6), label="groups(g=2)")]
+    assert validate.summarize(rows)["scenarios"][0]["predicted_best"] == "groups(g=2)"
 
 
 @pytest.mark.dist

@@ -6,6 +6,10 @@ cluster and with presets only, the error (predicted − measured) / measured, th
 max(compute, bytes / bandwidth) and the measured efficiency against it. Summary: median, p90 and
 max |error|, Spearman ρ between predicted and measured step time, and per scenario (net, workers,
 rate) whether the predicted best strategy is the measured best.
+
+The full matrix also runs Omnivore's compute groups (N = workers conv machines + the merged FC
+server + the conv model server) for several g dividing N; a groups row's step is one round (each
+group one iteration) and it is labelled ``groups(g=G)``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class Matrix:
     """Measure about this long per configuration (steps = target / predicted step, clamped)."""
     min_steps: int = 3
     max_steps: int = 12
+    groups: tuple[int, ...] = (1,)
+    """groups rows (when "groups" is among the strategies): these g, where they divide the workers."""
 
 
 MATRICES = {
@@ -43,8 +49,9 @@ MATRICES = {
     "quick": Matrix(models=("alexnet_cifar", "resnet_cifar"), workers=(2,), rates=("100Mbit", "1Gbit"), target_s=8.0,
                     max_steps=20),
     # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, and 10 Gbit/s.
+    # + Omnivore's groups with g = 1, 2, 4 (of 2 and 4 conv machines).
     "full": Matrix(models=("vgg16_cifar", "alexnet_cifar", "resnet_cifar"), workers=(2, 4),
-                   rates=("100Mbit", "1Gbit", "10Gbit")),
+                   rates=("100Mbit", "1Gbit", "10Gbit"), strategies=(*RUNTIME_STRATEGIES, "groups"), groups=(1, 2, 4)),
 }
 
 
@@ -60,15 +67,23 @@ class Case:
     def scenario(self) -> tuple[str, int, str]:
         return (self.model, self.workers, self.rate)
 
+    @property
+    def label(self) -> str:
+        return f"groups(g={self.config['groups']})" if self.strategy == "groups" else self.strategy
+
 
 def cases(matrix: Matrix) -> list[Case]:
     """Every (model, workers, rate, strategy) of the matrix with the runtime config it runs: ps with
-    one server, allreduce (DDP), stanza with one FC worker, ralp (RALP-N) at the profile's split."""
+    one server, allreduce (DDP), stanza with one FC worker, ralp (RALP-N) at the profile's split,
+    groups with n conv machines for each of the matrix's g that divides n."""
     out = []
     for rate in matrix.rates:
         for model in matrix.models:
             for n in matrix.workers:
                 for s in matrix.strategies:
+                    if s == "groups":
+                        out += [Case(model, s, n, rate, {"machines": n, "groups": g}) for g in matrix.groups if n % g == 0]
+                        continue
                     cfg = {"ps": {"workers": n, "servers": 1}, "allreduce": {"workers": n},
                            "stanza": {"conv_workers": n, "fc_workers": 1}, "ralp": {"workers": n}}[s]
                     out.append(Case(model, s, n, rate, cfg))
@@ -114,7 +129,7 @@ def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
     bound, comp, comm = lower_bound_s(pred, emu.rate_bytes_per_s)
     meas = m["step_time_s"]
     return {
-        "model": case.model, "strategy": case.strategy, "workers": case.workers, "rate": case.rate,
+        "model": case.model, "strategy": case.strategy, "label": case.label, "workers": case.workers, "rate": case.rate,
         "rate_bytes_per_s": emu.rate_bytes_per_s, "config": pred["config"], "batch_size": spec.batch_size,
         "global_batch": m["global_batch"], "steps_measured": len(m["step_times_s"]) - m["warmup_steps"]
         if "step_times_s" in m else steps,
@@ -165,8 +180,9 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
             continue
         p = max(rs, key=lambda r: r["predicted_throughput"])
         m = max(rs, key=lambda r: r["measured_throughput"])
-        best.append({"model": key[0], "workers": key[1], "rate": key[2], "predicted_best": p["strategy"],
-                     "measured_best": m["strategy"], "match": p["strategy"] == m["strategy"]})
+        pl, ml = p.get("label", p["strategy"]), m.get("label", m["strategy"])
+        best.append({"model": key[0], "workers": key[1], "rate": key[2], "predicted_best": pl,
+                     "measured_best": ml, "match": pl == ml})
     return {
         "configurations": len(rows),
         "median_abs_error": statistics.median(errs) if errs else None,
@@ -201,23 +217,24 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
              progress: Callable[[str], None] | None = None, skip: Callable[[Case, str], None] | None = None) -> dict:
     """Run the matrix; returns {"summary", "rows", "skipped"} and writes validate.json + plots."""
     from layerplan.runtime import emulate
+    from layerplan.runtime.layout import world_size
     from layerplan.runtime.model import check, resolve
     from layerplan.runtime.run_spec import RunSpec
 
     emulate.check_available()
     out_dir.mkdir(parents=True, exist_ok=True)
-    todo, skipped = [], []
+    todo, skipped, hosts = [], [], 0
     for c in cases(matrix):
         try:
             spec = RunSpec(model=c.model, strategy=c.strategy, config=c.config, batch_size=matrix.batch_size)
             net, _ = resolve(spec)
             check(spec, net)
             todo.append(c)
+            hosts = max(hosts, world_size(spec))
         except ConfigError as e:
             skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate, "reason": str(e)})
             if skip:
                 skip(c, str(e))
-    hosts = max(w for c in todo for w in [c.workers + (0 if c.strategy == "allreduce" else 1)]) if todo else 0
     rows: list[dict] = []
     for rate in matrix.rates:
         batch = [c for c in todo if c.rate == rate]
@@ -311,7 +328,7 @@ def print_rows(rows: Iterable[dict], con=None) -> None:
     for col in ("net", "workers", "rate", "strategy", "measured", "predicted", "error", "presets", "lower bound", "efficiency"):
         t.add_column(col, justify="left" if col in ("net", "strategy", "rate") else "right")
     for r in rows:
-        t.add_row(r["model"], str(r["workers"]), r["rate"], r["strategy"], units.format_seconds(r["measured_step_s"]),
+        t.add_row(r["model"], str(r["workers"]), r["rate"], r.get("label", r["strategy"]), units.format_seconds(r["measured_step_s"]),
                   units.format_seconds(r["predicted_step_s"]), f"{100 * r['error']:+.1f}%", f"{100 * r['preset_error']:+.1f}%",
                   units.format_seconds(r["lower_bound_s"]), f"{100 * r['efficiency']:.0f}%")
     con.print(t)
