@@ -85,6 +85,9 @@ def register(subparsers) -> None:
     r.add_argument("--spec-out", metavar="FILE", help="also write the run spec (JSON) here")
     r.add_argument("--json", action="store_true", help="print the Measurement as JSON instead of tables")
     COMMANDS["train"] = cmd_train
+    from layerplan.runtime import tune
+
+    tune.register(subparsers)
 
 
 def where(text: str) -> str:
