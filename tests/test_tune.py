@@ -53,7 +53,7 @@ def test_next_groups_and_time_to_target():
 
 @pytest.mark.parametrize("argv, words", [
     (["nin"], "groups needs an FC phase"),
-    (["debug", "--on", "emulated"], "local only"),
+    (["debug", "--on", "emulated"], "local processes only"),
     (["debug", "--budget", "3parsecs"], "unknown time unit"),
 ])
 def test_tune_rejects_bad_input_in_one_line(capsys, argv, words):
