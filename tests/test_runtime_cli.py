@@ -50,6 +50,11 @@ def test_train_on_torchrun_writes_spec_and_prints_the_command(capsys, tmp_path):
     (["debug", "--strategy", "hybrid", "--fc-workers", "11"], "fewer than the 11 FC machines"),
     (["debug", "--strategy", "stanza", "--replicate", "fc2"], "--replicate does not apply to stanza"),
     (["debug", "--strategy", "hybrid", "--workers", "2", "--conv-workers", "3"], "both given and differ"),
+    (["debug", "--strategy", "groups", "--workers", "4", "--groups", "3"], "3 groups do not divide 4 conv machines"),
+    (["debug", "--strategy", "groups", "--workers", "4"], "give --groups"),
+    (["nin", "--strategy", "groups", "--groups", "1"], "groups needs an FC phase"),
+    (["debug", "--strategy", "groups", "--groups", "1", "--checkpoint-dir", "/tmp/x"], "checkpoints are not supported"),
+    (["debug", "--strategy", "ps", "--groups", "2"], "--groups does not apply to ps"),
 
     (["debug", "--strategy", "ps", "--workers", "100"], "more than makes sense"),
     (["debug", "--strategy", "ps", "--data", "mnist"], "data must be"),
@@ -119,6 +124,24 @@ def test_hybrid_cli_options_reach_the_spec(tmp_path):
                      "--replicate", "classifier.6,classifier.4", "--on", "torchrun", "--spec-out", str(out)]) == 0
     assert RunSpec.load(out).config == {"conv_workers": 3, "fc_workers": 2,
                                         "replicate": ["classifier.6", "classifier.4"], "split": None}
+def test_groups_workers_means_conv_machines(tmp_path):
+    out = tmp_path / "spec.json"
+    assert cli.main(["train", "debug", "--strategy", "groups", "--workers", "4", "--groups", "2", "--on", "torchrun",
+                     "--spec-out", str(out)]) == 0
+    assert RunSpec.load(out).config == {"machines": 4, "groups": 2, "split": None, "pipelined": False}
+
+
+def test_train_plan_runs_a_groups_plan(capsys, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli.main(["plan", "alexnet_cifar", "--cluster", "local-cpu", "--nodes", "6", "--batch-size", "4",
+                     "--strategies", "groups", "-o", str(plan), "--json"]) == 0
+    planned = json.loads(plan.read_text())
+    capsys.readouterr()
+    out = tmp_path / "spec.json"
+    assert cli.main(["train", "--plan", str(plan), "--on", "torchrun", "--spec-out", str(out)]) == 0
+    spec = RunSpec.load(out)
+    assert spec.strategy == "groups" and spec.config["machines"] == planned["config"]["machines"] == 4
+    assert spec.config["groups"] == planned["config"]["groups"]
 
 
 def test_stanza_workers_means_conv_workers(tmp_path):

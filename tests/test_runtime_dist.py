@@ -330,3 +330,63 @@ def test_bad_input_fails_before_any_process_starts(tmp_path):
         launch_local(make_spec(tmp_path, "debug", "stanza", {"conv_workers": 2, "split": "nope"}, 3))
     with pytest.raises(ConfigError, match="threads_per_rank"):
         launch_local(make_spec(tmp_path, "debug", "ps", {"workers": 2}, 3, threads_per_rank=2), start="fork")
+
+
+# ---- Omnivore's compute groups ------------------------------------------------------------
+def check_groups_bytes(spec, m):
+    """Per step (one round): a conv machine sends B·A + P_c, the FC server N·B·A, the conv model
+    server N·P_c — what the engine's groups schedule charges."""
+    net, factory = resolve(spec)
+    scale = torch.empty(0, dtype=getattr(torch, spec.dtype)).element_size() // net.dtype_bytes
+    cut = split_layer(spec, net)
+    act = net.layer(cut).out_bytes * spec.batch_size * scale
+    head = sum(layer.param_bytes for layer in net.head(cut)) * scale
+    n = spec.config["machines"]
+    want = {"conv_machine": act + head, "fc_server": n * act, "conv_model_server": n * head}
+    assert m["bytes_per_step"]["per_role"] == want
+    pred = predict_run(spec)
+    assert pred["groups"] == {"conv_machine": n, "fc_server": 1, "conv_model_server": 1}
+    for role, sent_b in want.items():
+        assert pred["bytes_per_step"]["per_role"][role] == pytest.approx(sent_b, rel=0.02), role
+    assert pred["bytes_per_step"]["total"] == pytest.approx(m["bytes_per_step"]["total"], rel=0.02)
+
+
+@pytest.mark.parametrize("model, machines, dtype", [("debug", 2, "float32"), ("debug", 3, "float32"),
+                                                    ("alexnet_cifar", 2, "float64")])
+def test_groups_with_one_group_equal_single_process_sgd(tmp_path, model, machines, dtype):
+    """g = 1 with the merged FC server is synchronous SGD (Omnivore §IV-A): the parameters after 5
+    steps and every step's loss equal the single-process reference."""
+    spec = make_spec(tmp_path, model, "groups", {"machines": machines, "groups": 1}, 2 if model != "debug" else 3,
+                     dtype=dtype)
+    m = launch_local(spec, start="fork")
+    ref = reference_run(spec)
+    got = load_params(tmp_path / "params")
+    assert set(got) == set(ref["params"])
+    for name, value in ref["params"].items():
+        torch.testing.assert_close(got[name], value, msg=lambda s: f"groups {name}: {s}")
+    torch.testing.assert_close(torch.tensor(m["loss"]), torch.tensor(ref["loss"]))
+    assert m["staleness"]["histogram"] == {"0": 5} and m["staleness"]["median"] == 0
+    assert [(u["group"], u["iteration"]) for u in m["group_updates"]] == [(0, s) for s in range(5)]
+    assert m["global_batch"] == machines * spec.batch_size and m["world_size"] == machines + 2
+    check_groups_bytes(spec, m)
+
+
+def test_groups_run_asynchronously_and_report_staleness(tmp_path):
+    spec = make_spec(tmp_path, "debug", "groups", {"machines": 4, "groups": 2}, 2, steps=6)
+    m = launch_local(spec, start="fork")
+    assert m["steps"] == [0, 5] and len(m["loss"]) == 6 and all(x is not None and x > 0 for x in m["loss"])
+    ups = m["group_updates"]
+    assert len(ups) == 12 and [u["order"] for u in ups] == list(range(12))
+    for j in range(2):  # every group does every iteration, in order
+        assert [u["iteration"] for u in ups if u["group"] == j] == list(range(6))
+    st = m["staleness"]
+    assert st["groups"] == 2 and st["expected"] == 1 and st["updates"] == 12
+    assert sum(st["histogram"].values()) == 12 and len(st["per_update"]) == 12
+    values = [u["staleness"] for u in st["per_update"]]
+    # another group's updates between a group's pull and push: at most all of the other group's 6
+    assert all(0 <= v <= 6 for v in values) and st["max"] == max(values) and st["mean"] == pytest.approx(
+        sum(values) / 12)
+    assert values[0] == 0  # the first update applied anything is fresh
+    check_groups_bytes(spec, m)
+    with pytest.raises(Exception, match="no single-process reference"):
+        reference_run(spec)

@@ -67,6 +67,13 @@ def test_runspec_from_dict_is_strict(change, words):
     ({"data": "cifar"}, SpecError, "data"),
     ({"resume": True}, SpecError, "checkpoint_dir"),
     ({"backend": "mpi"}, SpecError, "backend"),
+    ({"strategy": "groups", "config": {"machines": 4, "groups": 3}}, ConfigError, "do not divide 4 conv machines"),
+    ({"strategy": "groups", "config": {"machines": 4, "groups": 0}}, ConfigError, "groups must be at least 1"),
+    ({"strategy": "groups", "config": {"machines": 4}}, ConfigError, "needs 'groups'"),
+    ({"strategy": "groups", "config": {"machines": 2, "groups": 1, "pipelined": True}}, ConfigError,
+     "pipelined runs .* not implemented"),
+    ({"strategy": "groups", "config": {"machines": 2, "groups": 1}, "checkpoint_dir": "/tmp/x"}, ConfigError,
+     "checkpoints are not supported"),
 ])
 def test_runspec_rejects_bad_values(kw, err, words):
     with pytest.raises(err, match=words):
@@ -149,6 +156,51 @@ def test_hybrid_phase_blocks_and_errors(tmp_path):
     with pytest.raises(ConfigError, match="'6' \\(LogSoftmax\\) after '5' is not element-wise"):
         phase(model, 8, fc_workers=2)
     assert [b.partitioned for b in phase(model, 8, fc_workers=2, replicate=["5"]).blocks] == [True, False]
+def test_groups_layout_mirrors_the_engine_nodes():
+    s = spec(strategy="groups", config={"machines": 6, "groups": 3}, batch_size=4)
+    assert s.config == {"machines": 6, "groups": 3, "split": None, "pipelined": False}
+    ro = layout(s)
+    assert [r.kind for r in ro.values()] == ["conv_machine"] * 6 + ["fc_server", "conv_model_server"]
+    assert [ro[r].group for r in range(6)] == [0, 0, 1, 1, 2, 2]  # contiguous groups of k = 2
+    assert all(ro[r].peers == (6, 7) and ro[r].data_index == r for r in range(6))
+    assert ro[6].peers == ro[7].peers == tuple(range(6))
+    assert world_size(s) == nodes_represented(s) == 8 and data_workers(s) == 6 and global_batch(s) == 24
+    from layerplan import strategies
+
+    eng = strategies.get("groups")
+    cfg = eng.Config(machines=6, groups=3)
+    assert eng.nodes_needed(cfg) == world_size(s) and sum(eng.roles(cfg).values()) == world_size(s)
+
+
+def test_staleness_summary_and_async_losses():
+    from layerplan.runtime.roles.groups import staleness_summary
+
+    recs = [{"order": i, "group": i % 2, "iteration": i // 2, "staleness": v} for i, v in enumerate([0, 1, 1, 1, 2])]
+    st = staleness_summary(recs, 2)
+    assert st["median"] == 1 and st["mean"] == 1.0 and st["max"] == 2 and st["expected"] == 1
+    assert st["histogram"] == {"0": 1, "1": 3, "2": 1} and st["per_update"] == recs
+    s = spec(strategy="groups", config={"machines": 2, "groups": 2}, warmup_steps=0)
+    rec = {"wall_s": 1.0, "compute_s": 0.5, "comm_s": 0.5, "sent_bytes": 1, "recv_bytes": 1, "loss": None}
+    frags = [{"rank": r, "kind": k, "checkpoint_bytes_sent": 0, "records": [dict(rec, step=i) for i in range(2)]}
+             for r, k in [(0, "conv_machine"), (1, "conv_machine"), (3, "conv_model_server")]]
+    frags.append({"rank": 2, "kind": "fc_server", "checkpoint_bytes_sent": 0, "records": [dict(rec, step=i) for i in (0, 1)],
+                  "step_losses": {0: 1.0, 1: 0.5}, "extra": {"group_updates": [1, 2]}})
+    m = summarize(frags, s, layout(s), 4, 4)
+    assert m["loss"] == [1.0, 0.5] and m["group_updates"] == [1, 2]
+
+
+def test_predict_merges_the_engines_groups_into_conv_machines():
+    from layerplan.runtime.predict import predict_run
+
+    for g in (1, 2, 4):
+        p = predict_run(spec(strategy="groups", config={"machines": 4, "groups": g}, batch_size=3))
+        assert p["groups"] == {"conv_machine": 4, "fc_server": 1, "conv_model_server": 1}
+        assert set(p["breakdown"]) == set(p["bytes_per_step"]["per_role"]) == set(p["groups"])
+        assert p["samples_per_step"] == 12 and p["step_time_s"] > 0
+        assert p["config"] == {"machines": 4, "groups": g, "merged_fc": True, "pipelined": False}
+
+
+def test_layout_rejects_nonsense():
     with pytest.raises(ConfigError, match="fc_workers <= conv_workers"):
         layout(spec(strategy="stanza", config={"conv_workers": 1, "fc_workers": 2}))
     with pytest.raises(ConfigError, match="more than makes sense"):

@@ -59,11 +59,44 @@ def test_matrices_cover_what_the_summary_needs():
     quick = validate.cases(validate.MATRICES["quick"])
     full = validate.cases(validate.MATRICES["full"])
     assert {c.strategy for c in quick} == set(validate.QUICK_STRATEGIES)  # quick stays within 10 minutes
-    assert {c.strategy for c in full} == set(validate.RUNTIME_STRATEGIES) and "hybrid" in validate.RUNTIME_STRATEGIES
+    assert {c.strategy for c in full} == {*validate.RUNTIME_STRATEGIES, "groups"} and "hybrid" in validate.RUNTIME_STRATEGIES
     hybrid = [c for c in full if c.strategy == "hybrid"]
     assert len(hybrid) == 18 and all(c.config == {"conv_workers": c.workers, "fc_workers": 2} for c in hybrid)
     assert len(full) >= 24 and {c.model for c in full} >= {"vgg16_cifar", "alexnet_cifar", "resnet_cifar"}
     assert {c.rate for c in full} == {"100Mbit", "1Gbit", "10Gbit"} and 4 in {c.workers for c in full}
+    assert "groups" not in {c.strategy for c in quick}
+    grp = {(c.workers, c.config["groups"]) for c in full if c.strategy == "groups"}
+    assert grp == {(2, 1), (2, 2), (4, 1), (4, 2), (4, 4)}
+    assert {c.label for c in full if c.strategy == "groups"} == {"groups(g=1)", "groups(g=2)", "groups(g=4)"}
+
+
+def test_estimate_lists_what_would_run_and_what_is_done(capsys, tmp_path):
+    m = validate.replace(validate.MATRICES["quick"], models=("resnet_cifar", "nin"), rates=("1Gbit",),
+                         strategies=("allreduce", "stanza"))
+    done = [c for c in validate.cases(m) if c.model == "resnet_cifar" and c.strategy == "allreduce"]
+    est = {(r["model"], r["label"]): r for r in validate.estimate(m, done=done)}
+    assert set(est) == {(n, s) for n in ("resnet_cifar", "nin") for s in ("allreduce", "stanza")}
+    run = est[("resnet_cifar", "stanza")]
+    assert run["skip"] is None and m.min_steps <= run["steps"] <= m.max_steps
+    assert run["estimated_s"] == pytest.approx(validate.START_S + (run["steps"] + 1) * run["predicted_step_s"])
+    assert "needs an FC phase" in est[("nin", "stanza")]["skip"] and est[("nin", "stanza")]["estimated_s"] == 0
+    assert est[("resnet_cifar", "allreduce")]["skip"].startswith("measured already")
+    # the CLI: --resume keeps what DIR/validate.json holds; --dry-run runs nothing
+    first = dict(row("resnet_cifar", "allreduce", 0.1, 0.1, rate="1Gbit"), label="allreduce")
+    (tmp_path / "validate.json").write_text(json.dumps({"rows": [first], "skipped": [], "calibrated_cluster": None}))
+    from layerplan.cli import main
+
+    assert main(["validate", "--models", "resnet_cifar", "--strategies", "allreduce,stanza", "--rates", "1Gbit",
+                 "--out", str(tmp_path), "--resume", "--dry-run", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["runs"] == 1 and [r["label"] for r in doc["configurations"] if not r["skip"]] == ["stanza"]
+    assert main(["validate", "--out", str(tmp_path / "none"), "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_groups_rows_compete_by_their_g():
+    rows = [dict(row("a", "groups", 1.0, 1.0), label="groups(g=1)"), dict(row("a", "groups", 0.5, 0.6), label="groups(g=2)")]
+    assert validate.summarize(rows)["scenarios"][0]["predicted_best"] == "groups(g=2)"
 
 
 @pytest.mark.dist

@@ -26,6 +26,21 @@ def positive_int(text: str) -> int:
     return v
 
 
+def rate_list(text: str) -> list[str]:
+    """--rates: comma-separated link rates, each checked here (100Mbit,1Gbit)."""
+    from layerplan import units
+
+    rates = [x.strip() for x in text.split(",") if x.strip()]
+    if not rates:
+        raise argparse.ArgumentTypeError(f"expected rates like 100Mbit,1Gbit, got {text!r}")
+    for r in rates:
+        try:
+            units.parse_bandwidth(r)
+        except LayerplanError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return rates
+
+
 def int_list(text: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
@@ -371,17 +386,42 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from layerplan import report, validate
-    from layerplan.hardware import resolve_cluster
+    from layerplan.hardware import cluster_from_dict, resolve_cluster
 
     matrix = validate.MATRICES["full" if args.full else "quick"]
     if args.models:
         matrix = validate.replace(matrix, models=tuple(args.models.split(",")))
     if args.strategies:
-        matrix = validate.replace(matrix, strategies=tuple(args.strategies.split(",")))
+        names = tuple(x.strip() for x in args.strategies.split(",") if x.strip())
+        known = (*validate.RUNTIME_STRATEGIES, "groups")
+        unknown = [x for x in names if x not in known]
+        if unknown or not names:
+            raise ConfigError(f"--strategies: unknown strategy {', '.join(unknown) or '(none given)'}; "
+                              f"choose from {', '.join(known)}")
+        matrix = validate.replace(matrix, strategies=names)
+    if args.workers:
+        matrix = validate.replace(matrix, workers=tuple(args.workers))
+    if args.rates:
+        matrix = validate.replace(matrix, rates=tuple(args.rates))
+    out = Path(args.out)
+    done: list[dict] = []
     calibrated = None
+    if args.resume:
+        previous = out / "validate.json"
+        if not previous.exists():
+            raise ConfigError(f"--resume: {previous} does not exist (nothing to resume; drop --resume)")
+        try:
+            doc = validate.load_json(previous)
+            done = list(doc["rows"])
+            if doc.get("calibrated_cluster") and not args.calibration and not args.presets_only:
+                calibrated = cluster_from_dict(doc["calibrated_cluster"], str(previous))
+        except (ValueError, KeyError, TypeError) as e:  # a bad cluster inside: its own one-line error
+            raise ConfigError(f"--resume: {previous} is not a validate result ({e})") from None
     if args.calibration:
         calibrated = resolve_cluster(args.calibration)
-    elif not args.presets_only:
+    elif args.dry_run and calibrated is None and not args.presets_only:
+        pass  # the estimate uses the presets: calibrating takes minutes
+    elif calibrated is None and not args.presets_only:
         from layerplan import calibrate
 
         con = report.console()
@@ -392,8 +432,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                                               profile=matrix.models,
                                                               profile_batches=validate.profile_batches(matrix)))
     con = report.console()
-    out = Path(args.out)
-    doc = validate.validate(matrix, out, calibrated,
+    if args.dry_run:
+        return _validate_dry_run(validate.estimate(matrix, calibrated, [c for c in validate.cases(matrix)
+                                                                        if validate.key(c) in {validate.key(r) for r in done}]),
+                                 args.json)
+    doc = validate.validate(matrix, out, calibrated, done=done,
                             progress=None if args.json else (lambda what: con.print(f"[dim]running {what}[/]")))
     if args.json:
         emit_json({**doc["summary"], "rows": doc["rows"], "skipped": doc["skipped"]})
@@ -401,6 +444,31 @@ def cmd_validate(args: argparse.Namespace) -> int:
         validate.print_rows(doc["rows"])
         validate.print_summary(doc)
         con.print(f"wrote {out / 'validate.json'}, {out / 'predicted-vs-measured.png'}, {out / 'throughput-by-strategy.png'}")
+    return 0
+
+
+def _validate_dry_run(rows: list[dict], as_json: bool) -> int:
+    from rich.table import Table
+
+    from layerplan import report, units
+
+    total_s = sum(r["estimated_s"] for r in rows)
+    if as_json:
+        emit_json({"configurations": rows, "estimated_s": total_s,
+                   "runs": sum(1 for r in rows if not r["skip"])})
+        return 0
+    t = Table(title="validate --dry-run: what would run (predicted with the presets unless --calibration/--resume)")
+    for col in ("net", "workers", "rate", "strategy", "predicted step", "steps", "estimated", "note"):
+        t.add_column(col, justify="left" if col in ("net", "rate", "strategy", "note") else "right")
+    for r in rows:
+        t.add_row(r["model"], str(r["workers"]), r["rate"], r["label"],
+                  units.format_seconds(r["predicted_step_s"]) if r["predicted_step_s"] else "–",
+                  str(r["steps"] or "–"), units.format_seconds(r["estimated_s"]) if r["estimated_s"] else "–",
+                  r["skip"] or "")
+    con = report.console()
+    con.print(t)
+    con.print(f"{sum(1 for r in rows if not r['skip'])} configurations to run, about {total_s / 60:.0f} min "
+              f"(+ about a minute per rate to build the cluster and, unless --calibration, a few minutes to calibrate)")
     return 0
 
 
@@ -432,11 +500,19 @@ def _register_closed_loop(sub) -> None:
                                    "ρ, whether the predicted best is the measured best; JSON and two plots.")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="alexnet_cifar and resnet_cifar, 2 workers, 100 Mbit/s and 1 Gbit/s (default)")
-    mode.add_argument("--full", action="store_true", help="+ vgg16_cifar, 4 workers, 10 Gbit/s, hybrid")
+    mode.add_argument("--full", action="store_true",
+                      help="+ vgg16_cifar, 4 workers, 10 Gbit/s, hybrid, Omnivore groups (g = 1, 2, 4)")
     p.add_argument("--models", metavar="M1,M2", help="replace the matrix's networks")
-    p.add_argument("--strategies", metavar="S1,S2", help="replace the matrix's strategies (ps, allreduce, stanza, ralp, hybrid)")
+    p.add_argument("--strategies", metavar="S1,S2",
+                   help="replace the matrix's strategies (ps, allreduce, stanza, ralp, hybrid, groups)")
+    p.add_argument("--workers", type=int_list, metavar="N1,N2", help="replace the matrix's worker counts")
+    p.add_argument("--rates", type=rate_list, metavar="R1,R2", help="replace the matrix's link rates (e.g. 100Mbit,1Gbit)")
     p.add_argument("--calibration", metavar="FILE", help="predict with this cluster file (from `layerplan calibrate -o`)")
     p.add_argument("--presets-only", action="store_true", help="predict with the presets, no calibration")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the configurations, their predicted step and the estimated time; run nothing")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows (and the calibration) of DIR/validate.json and run only what is missing")
     p.add_argument("--out", default="validate-out", metavar="DIR", help="where validate.json and the plots go (default validate-out)")
     p.add_argument("--json", action="store_true", help="print the summary and rows as JSON")
     COMMANDS["validate"] = cmd_validate

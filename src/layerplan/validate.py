@@ -6,6 +6,10 @@ cluster and with presets only, the error (predicted − measured) / measured, th
 max(compute, bytes / bandwidth) and the measured efficiency against it. Summary: median, p90 and
 max |error|, Spearman ρ between predicted and measured step time, and per scenario (net, workers,
 rate) whether the predicted best strategy is the measured best.
+
+The full matrix also runs Omnivore's compute groups (N = workers conv machines + the merged FC
+server + the conv model server) for several g dividing N; a groups row's step is one round (each
+group one iteration) and it is labelled ``groups(g=G)``.
 """
 
 from __future__ import annotations
@@ -41,16 +45,18 @@ class Matrix:
     """Configurations predicted slower than this per step are skipped, with the reason (at
     100 Mbit/s a parameter server moving vgg16_cifar's 134 MB four times takes 90 s a step: five
     such runs would double --full's time and are never a scenario's best)."""
+    groups: tuple[int, ...] = (1,)
+    """groups rows (when "groups" is among the strategies): these g, where they divide the workers."""
 
 
 MATRICES = {
     # FC-heavy (alexnet_cifar) and conv-heavy (resnet_cifar), 2 workers, 100 Mbit/s and 1 Gbit/s.
     "quick": Matrix(models=("alexnet_cifar", "resnet_cifar"), workers=(2,), rates=("100Mbit", "1Gbit"), target_s=8.0,
                     max_steps=20),
-    # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, 10 Gbit/s, and hybrid (all three nets
-    # have an FC phase it can partition).
+    # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, 10 Gbit/s, hybrid (all three nets
+    # have an FC phase it can partition) and Omnivore's groups with g = 1, 2, 4 (of 2 and 4 conv machines).
     "full": Matrix(models=("vgg16_cifar", "alexnet_cifar", "resnet_cifar"), workers=(2, 4),
-                   rates=("100Mbit", "1Gbit", "10Gbit"), strategies=RUNTIME_STRATEGIES),
+                   rates=("100Mbit", "1Gbit", "10Gbit"), strategies=(*RUNTIME_STRATEGIES, "groups"), groups=(1, 2, 4)),
 }
 
 
@@ -72,16 +78,24 @@ class Case:
     def scenario(self) -> tuple[str, int, str]:
         return (self.model, self.workers, self.rate)
 
+    @property
+    def label(self) -> str:
+        return f"groups(g={self.config['groups']})" if self.strategy == "groups" else self.strategy
+
 
 def cases(matrix: Matrix) -> list[Case]:
     """Every (model, workers, rate, strategy) of the matrix with the runtime config it runs: ps with
     one server, allreduce (DDP), stanza with one FC worker, ralp (RALP-N) at the profile's split,
-    hybrid with its fc layers partitioned over two FC machines (n_c = workers)."""
+    hybrid with its fc layers partitioned over two FC machines (n_c = workers), groups with n conv
+    machines for each of the matrix's g that divides n."""
     out = []
     for rate in matrix.rates:
         for model in matrix.models:
             for n in matrix.workers:
                 for s in matrix.strategies:
+                    if s == "groups":
+                        out += [Case(model, s, n, rate, {"machines": n, "groups": g}) for g in matrix.groups if n % g == 0]
+                        continue
                     cfg = {"ps": {"workers": n, "servers": 1}, "allreduce": {"workers": n},
                            "stanza": {"conv_workers": n, "fc_workers": 1}, "ralp": {"workers": n},
                            "hybrid": {"conv_workers": n, "fc_workers": 2}}[s]
@@ -107,6 +121,60 @@ def lower_bound_s(pred: dict, rate_bytes_per_s: float) -> tuple[float, float, fl
     return max(comp_role, comm), comp_role, comm
 
 
+START_S = 12.0
+"""Seconds a configuration costs besides its steps: forking the ranks into their hosts, importing
+torch, building the model, the rendezvous (measured here: 8–15 s on two busy cores)."""
+
+
+def measured_steps(matrix: Matrix, predicted_step_s: float) -> int:
+    """Steps measured after warm-up: about ``matrix.target_s`` of them, clamped to the matrix's range."""
+    return max(matrix.min_steps, min(matrix.max_steps, math.ceil(matrix.target_s / max(predicted_step_s, 1e-3))))
+
+
+def estimate(matrix: Matrix, calibrated: hardware.ClusterSpec | None = None, done: Iterable[Case] = ()) -> list[dict]:
+    """What ``validate`` would run, without running it: per configuration the predicted step, the
+    steps it would measure and its estimated wall time (or why it is skipped or already done)."""
+    from layerplan.runtime import emulate
+    from layerplan.runtime.layout import world_size
+    from layerplan.runtime.model import check, resolve
+    from layerplan.runtime.predict import predict_run
+    from layerplan.runtime.run_spec import RunSpec
+
+    finished = {key(c) for c in done}
+    out = []
+    for c in cases(matrix):
+        row = {"model": c.model, "label": c.label, "workers": c.workers, "rate": c.rate, "config": c.config,
+               "predicted_step_s": None, "steps": None, "estimated_s": 0.0, "skip": None}
+        out.append(row)
+        spec = RunSpec(model=c.model, strategy=c.strategy, config=c.config, batch_size=matrix.batch_size)
+        try:
+            check(spec, resolve(spec)[0])
+        except ConfigError as e:
+            row["skip"] = str(e)
+            continue
+        emu = emulate.Emulated(name=EMULATION_NAME, hosts=world_size(spec),
+                               rate_bytes_per_s=units.parse_bandwidth(c.rate), subnet=0)
+        row["skip"] = too_slow(c, emu, calibrated, matrix)
+        if row["skip"]:
+            continue
+        step = predict_run(spec, calibrated_for(emu, calibrated) if calibrated else emu.cluster_spec())["step_time_s"]
+        row["predicted_step_s"] = step
+        row["steps"] = measured_steps(matrix, step)
+        if key(c) in finished:
+            row["skip"] = "measured already (--resume)"
+            continue
+        row["estimated_s"] = START_S + (row["steps"] + spec.warmup_steps) * step
+    return out
+
+
+def key(case_or_row) -> tuple:
+    """What identifies a configuration across runs (for --resume)."""
+    if isinstance(case_or_row, Case):
+        return (case_or_row.model, case_or_row.label, case_or_row.workers, case_or_row.rate)
+    r = case_or_row
+    return (r["model"], r.get("label", r["strategy"]), r["workers"], r["rate"])
+
+
 def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix,
              run_dir: Path) -> dict[str, Any]:
     from layerplan.runtime.launch import launch_emulated
@@ -119,7 +187,7 @@ def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
     cluster = calibrated_for(emu, calibrated) if calibrated else preset_cluster
     pred = predict_run(spec, cluster)
     preset = predict_run(spec, preset_cluster) if calibrated else pred
-    steps = max(matrix.min_steps, min(matrix.max_steps, math.ceil(matrix.target_s / max(pred["step_time_s"], 1e-3))))
+    steps = measured_steps(matrix, pred["step_time_s"])
     spec = spec.replace(steps=steps + spec.warmup_steps,
                         timeout_s=max(60.0, 10 * pred["step_time_s"]))
     t0 = time.perf_counter()
@@ -128,7 +196,7 @@ def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
     bound, comp, comm = lower_bound_s(pred, emu.rate_bytes_per_s)
     meas = m["step_time_s"]
     return {
-        "model": case.model, "strategy": case.strategy, "workers": case.workers, "rate": case.rate,
+        "model": case.model, "strategy": case.strategy, "label": case.label, "workers": case.workers, "rate": case.rate,
         "rate_bytes_per_s": emu.rate_bytes_per_s, "config": pred["config"], "batch_size": spec.batch_size,
         "global_batch": m["global_batch"], "steps_measured": len(m["step_times_s"]) - m["warmup_steps"]
         if "step_times_s" in m else steps,
@@ -194,8 +262,9 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
             continue
         p = max(rs, key=lambda r: r["predicted_throughput"])
         m = max(rs, key=lambda r: r["measured_throughput"])
-        best.append({"model": key[0], "workers": key[1], "rate": key[2], "predicted_best": p["strategy"],
-                     "measured_best": m["strategy"], "match": p["strategy"] == m["strategy"]})
+        pl, ml = p.get("label", p["strategy"]), m.get("label", m["strategy"])
+        best.append({"model": key[0], "workers": key[1], "rate": key[2], "predicted_best": pl,
+                     "measured_best": ml, "match": pl == ml})
     return {
         "configurations": len(rows),
         "median_abs_error": statistics.median(errs) if errs else None,
@@ -227,18 +296,23 @@ def speedups(rows: list[dict]) -> list[dict]:
 
 
 def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | None = None,
-             progress: Callable[[str], None] | None = None, skip: Callable[[Case, str], None] | None = None) -> dict:
-    """Run the matrix; returns {"summary", "rows", "skipped"} and writes validate.json + plots."""
+             progress: Callable[[str], None] | None = None, skip: Callable[[Case, str], None] | None = None,
+             done: Iterable[dict] = ()) -> dict:
+    """Run the matrix; returns {"summary", "rows", "skipped"} and writes validate.json + plots.
+    ``done``: rows measured before (``--resume``); configurations among them are not run again."""
     from layerplan.runtime import emulate
+    from layerplan.runtime.layout import world_size
     from layerplan.runtime.model import check, resolve
     from layerplan.runtime.run_spec import RunSpec
 
     emulate.check_available()
     out_dir.mkdir(parents=True, exist_ok=True)
-    from layerplan.runtime.layout import world_size
-
+    rows: list[dict] = [r for r in done if key(r) in {key(c) for c in cases(matrix)}]
+    finished = {key(r) for r in rows}
     todo, skipped, hosts = [], [], 0
     for c in cases(matrix):
+        if key(c) in finished:
+            continue
         try:
             spec = RunSpec(model=c.model, strategy=c.strategy, config=c.config, batch_size=matrix.batch_size)
             net, _ = resolve(spec)
@@ -249,7 +323,6 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate, "reason": str(e)})
             if skip:
                 skip(c, str(e))
-    rows: list[dict] = []
     for rate in matrix.rates:
         batch = [c for c in todo if c.rate == rate]
         if not batch:
@@ -349,7 +422,7 @@ def print_rows(rows: Iterable[dict], con=None) -> None:
     for col in ("net", "workers", "rate", "strategy", "measured", "predicted", "error", "presets", "lower bound", "efficiency"):
         t.add_column(col, justify="left" if col in ("net", "strategy", "rate") else "right")
     for r in rows:
-        t.add_row(r["model"], str(r["workers"]), r["rate"], r["strategy"], units.format_seconds(r["measured_step_s"]),
+        t.add_row(r["model"], str(r["workers"]), r["rate"], r.get("label", r["strategy"]), units.format_seconds(r["measured_step_s"]),
                   units.format_seconds(r["predicted_step_s"]), f"{100 * r['error']:+.1f}%", f"{100 * r['preset_error']:+.1f}%",
                   units.format_seconds(r["lower_bound_s"]), f"{100 * r['efficiency']:.0f}%")
     con.print(t)

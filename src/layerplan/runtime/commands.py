@@ -16,13 +16,15 @@ from layerplan.errors import ConfigError
 
 DEFAULT_WORKERS = 2
 STRATEGY_OPTIONS = {  # CLI option -> (config key, strategies it applies to)
-    "workers": ("workers", ("ps", "allreduce", "ralp")),  # stanza, hybrid: --workers means CONV workers
+    "workers": ("workers", ("ps", "allreduce", "ralp")),  # stanza, hybrid: CONV workers; groups: conv machines
     "servers": ("servers", ("ps",)),
     "conv_workers": ("conv_workers", ("stanza", "hybrid")),
     "fc_workers": ("fc_workers", ("stanza", "hybrid")),
     "replicate": ("replicate", ("hybrid",)),
-    "split": ("split", ("stanza", "ralp", "hybrid")),
+    "split": ("split", ("stanza", "ralp", "hybrid", "groups")),
     "ralp_setting": ("ralp_setting", ("ralp",)),
+    "machines": ("machines", ("groups",)),
+    "groups": ("groups", ("groups",)),
 }
 
 
@@ -41,8 +43,8 @@ def register(subparsers) -> None:
                      help="run what `layerplan plan -o PLAN.json` wrote (model, strategy, config, batch size)")
     g = p.add_argument_group("strategy configuration")
     g.add_argument("--workers", type=positive_int, metavar="N",
-                   help=f"ps/allreduce/ralp workers (ralp: plus one PS worker), stanza/hybrid: CONV workers; "
-                        f"default {DEFAULT_WORKERS}")
+                   help=f"ps/allreduce/ralp workers (ralp: plus one PS worker), stanza/hybrid: CONV workers, groups: "
+                        f"conv machines N (plus the FC server and the conv model server); default {DEFAULT_WORKERS}")
     g.add_argument("--servers", type=positive_int, metavar="N", help="ps: parameter servers (default 1)")
     g.add_argument("--conv-workers", type=positive_int, metavar="N",
                    help=f"stanza/hybrid: CONV workers (default {DEFAULT_WORKERS})")
@@ -52,9 +54,12 @@ def register(subparsers) -> None:
                    help="hybrid: fc layers computed replicated on every FC machine (data parallel over them, weight "
                         "gradients all-reduced) instead of partitioned by output features (Yan §6.4; default none)")
     g.add_argument("--split", metavar="LAYER",
-                   help="stanza/ralp/hybrid: cut after this layer (default: the phase boundary / the RALP profile's "
-                        "split)")
+                   help="stanza/ralp/hybrid/groups: cut after this layer (default: the phase boundary / the RALP "
+                        "profile's split)")
     g.add_argument("--ralp-setting", choices=("N", "H"), help="ralp: RALP-N (N−1 workers) or RALP-H (N/2 workers)")
+    g.add_argument("--groups", type=positive_int, metavar="G",
+                   help="groups: Omnivore compute groups g (must divide --workers; 1 = synchronous, N = fully "
+                        "asynchronous); --steps is iterations per group")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=positive_int, default=20, metavar="K", help="steps (default 20)")
     t.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
@@ -87,6 +92,9 @@ def register(subparsers) -> None:
     r.add_argument("--spec-out", metavar="FILE", help="also write the run spec (JSON) here")
     r.add_argument("--json", action="store_true", help="print the Measurement as JSON instead of tables")
     COMMANDS["train"] = cmd_train
+    from layerplan.runtime import tune
+
+    tune.register(subparsers)
 
 
 def name_list(text: str) -> list[str]:
@@ -110,6 +118,7 @@ PLAN_TO_RUN = {  # plan (engine) config key -> RunSpec config key; None: not a r
     "stanza": {"conv_workers": "conv_workers", "fc_workers": "fc_workers"},
     "ralp": {"workers": "workers", "split": "split", "setting": "ralp_setting"},
     "hybrid": {"conv_workers": "conv_workers", "fc_workers": "fc_workers", "replicate": "replicate"},
+    "groups": {"machines": "workers", "groups": "groups", "merged_fc": None, "pipelined": None},
 }
 
 
@@ -123,6 +132,11 @@ def plan_args(args: argparse.Namespace) -> None:
                           f"(it runs {', '.join(PLAN_TO_RUN)}); plan with --strategies {','.join(PLAN_TO_RUN)}")
     if args.model is not None and args.model != plan.model:
         raise ConfigError(f"{args.plan} is a plan for {plan.model!r}, not {args.model!r}")
+    if plan.strategy == "groups" and not plan.config.get("merged_fc", True):
+        raise ConfigError(f"{args.plan}: the runtime runs groups with a merged FC server only (Omnivore §V-A); "
+                          "this plan has one FC compute server per group")
+    if plan.strategy == "groups" and plan.config.get("pipelined"):
+        raise ConfigError(f"{args.plan}: the runtime does not run pipelined groups; plan without pipelining")
     args.model = plan.model
     args.strategy = plan.strategy
     for k in ("input_size", "num_classes", "batch_size"):
@@ -143,13 +157,20 @@ def spec_from_args(args: argparse.Namespace):
     if args.model is None:
         raise ConfigError("give MODEL (a zoo name, file.py:factory, module:factory) or --plan PLAN.json")
     if args.strategy is None:
-        raise ConfigError("give --strategy (ps, allreduce, stanza, ralp, hybrid) or --plan PLAN.json")
+        from layerplan.runtime.run_spec import STRATEGIES
+
+        raise ConfigError(f"give --strategy ({', '.join(STRATEGIES)}) or --plan PLAN.json")
     if args.batch_size is None:
         args.batch_size = 32
     if args.strategy in ("stanza", "hybrid") and args.workers is not None:
         if args.conv_workers is not None and args.conv_workers != args.workers:
             raise ConfigError(f"{args.strategy}: --workers and --conv-workers both given and differ (they mean the same)")
         args.conv_workers, args.workers = args.workers, None
+    args.machines = None
+    if args.strategy == "groups":
+        args.machines, args.workers = args.workers or DEFAULT_WORKERS, None
+        if args.groups is None:
+            raise ConfigError("groups: give --groups G (compute groups; G must divide --workers, the conv machines)")
     config: dict[str, Any] = {}
     for opt, (key, applies) in STRATEGY_OPTIONS.items():
         v = getattr(args, opt, None)
@@ -161,7 +182,7 @@ def spec_from_args(args: argparse.Namespace):
         config[key] = v
     if args.strategy in ("stanza", "hybrid"):
         config.setdefault("conv_workers", DEFAULT_WORKERS)
-    else:
+    elif args.strategy != "groups":
         config.setdefault("workers", DEFAULT_WORKERS)
     if args.checkpoint_every < 0:
         raise ConfigError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
@@ -283,6 +304,11 @@ def print_summary(m: dict) -> None:
               f"throughput {m['throughput_samples_per_s']:.1f} samples/s, "
               f"bytes per step {units.format_bytes(m['bytes_per_step']['total'])}"
               + (f", loss {losses[0]:.4f} → {losses[-1]:.4f}" if losses else ""))
+    st = m.get("staleness")
+    if st and st.get("updates"):
+        hist = ", ".join(f"{k}: {v}" for k, v in st["histogram"].items())
+        con.print(f"staleness per conv update (other groups' updates between pull and push): median {st['median']:g}, "
+                  f"mean {st['mean']:.2f} (g − 1 = {st['expected']}), max {st['max']}; histogram {{{hist}}}")
     t = Table(title="per role, per rank, per step")
     for col in ("role", "ranks", "sent", "received", "compute", "comm"):
         t.add_column(col, justify="left" if col == "role" else "right")

@@ -20,9 +20,19 @@ Layouts (world size in brackets):
 - ``ralp`` [n_w + 1]: ranks 0..n_w−1 workers, rank n_w the PS worker (tail + head aggregation).
   The RALP setting only says how many nodes the run stands for: RALP-N uses N = n_w + 1 nodes,
   RALP-H N = 2·n_w (the paper's N/2 workers + 1 PS GPU).
+- ``groups`` [N + 2] (Omnivore §IV-A, §V-A, as ``strategies/groups.py`` schedules it): ranks
+  0..N−1 are conv machines, in g **contiguous** groups of k = N/g (group j: ranks j·k .. j·k+k−1,
+  so a group batch — its machines' samples in rank order — is a contiguous slice of each global
+  batch); rank N is the merged FC server (FC compute and FC model on one machine: FC staleness 0);
+  rank N+1 the conv model server, its own node as in the engine's schedule (the paper places it
+  on one of the conv machines). Every conv machine talks to both servers directly: it receives the
+  conv model from and pushes its gradient to the conv model server (which sums the k gradients of
+  a group), and sends its activations to / gets their gradients from the FC server.
 
 Data workers — the ranks that read input samples, in data order — are the ps/allreduce/ralp
-workers and the Stanza and hybrid CONV workers; data worker i reads slice i of every global batch.
+workers, the Stanza and hybrid CONV workers and the groups conv machines; data worker i reads
+slice i of every global batch (groups: of every round — group j's iteration s reads its machines'
+slices of global batch s).
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ class Role:
 
     rank: int
     kind: str
-    """worker | server | conv_worker | fc_worker | ps_worker."""
+    """worker | server | conv_worker | fc_worker | ps_worker | conv_machine | fc_server |
+    conv_model_server."""
     index: int
     """Position among the ranks of the same kind."""
     data_index: int | None = None
@@ -49,11 +60,14 @@ class Role:
     """stanza CONV worker: (its FC worker,); FC worker: its CONV workers in batch order;
     hybrid CONV worker: (the FC machine holding its samples in the batch layout, then the other
     FC machines); FC machine: the CONV workers of its batch-layout block in batch order; ralp worker: (the PS worker,); ps worker: the servers;
-    server: the workers."""
+    server: the workers; groups conv machine: (the FC server, the conv model server); groups
+    servers: the conv machines."""
+    group: int | None = None
+    """groups conv machine: its compute group (0..g−1)."""
 
     def to_dict(self) -> dict:
         return {"rank": self.rank, "kind": self.kind, "index": self.index, "data_index": self.data_index,
-                "peers": list(self.peers)}
+                "peers": list(self.peers), "group": self.group}
 
 
 def layout(spec) -> dict[int, Role]:
@@ -96,6 +110,14 @@ def layout(spec) -> dict[int, Role]:
         for r in range(nw):
             roles[r] = Role(rank=r, kind="worker", index=r, data_index=r, peers=(nw,))
         roles[nw] = Role(rank=nw, kind="ps_worker", index=0, peers=tuple(range(nw)))
+    elif s == "groups":
+        n, g = c["machines"], c["groups"]
+        k = n // g
+        fc, conv_model = n, n + 1
+        for r in range(n):
+            roles[r] = Role(rank=r, kind="conv_machine", index=r, data_index=r, peers=(fc, conv_model), group=r // k)
+        roles[fc] = Role(rank=fc, kind="fc_server", index=0, peers=tuple(range(n)))
+        roles[conv_model] = Role(rank=conv_model, kind="conv_model_server", index=0, peers=tuple(range(n)))
     else:  # RunSpec rejects these already
         raise ConfigError(f"unknown strategy {s!r}")
     if len(roles) > MAX_LOCAL_RANKS:

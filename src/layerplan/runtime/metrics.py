@@ -19,7 +19,12 @@ the steps after warm-up of the slowest rank's step wall time), throughput_sample
 bytes_per_step {total, per_role {kind: sent bytes per rank per step}, per_rank [...]},
 breakdown {kind: {compute_s, comm_s}} (per step, median after warm-up, mean over the ranks of the
 kind), bottleneck (the kind with the largest compute time), loss [per step], step_times_s,
-checkpoint_bytes_sent.
+checkpoint_bytes_sent; plus whatever a role adds to ``Meter.extra`` (groups: ``staleness`` and
+``group_updates``, see ``roles/groups.py``).
+
+Asynchronous roles (Omnivore's groups) keep the step loop: a step is one round (each group one
+iteration; a server's step serves the next g arrivals). A server whose records do not line up
+with the steps whose losses it computes files them with ``Meter.step_loss(step, part)``.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ class Meter:
         self._cur: dict[str, Any] | None = None
         self._t0 = 0.0
         self.checkpoint_bytes_sent = 0
+        self.step_losses: dict[int, float] = {}
+        self.extra: dict[str, Any] = {}
+        """Strategy results that go into the Measurement under their own keys (rank-unique keys)."""
 
     def start_step(self, step: int) -> None:
         self._cur = {"step": step, "wall_s": 0.0, "compute_s": 0.0, "comm_s": 0.0, "sent_bytes": 0,
@@ -100,9 +108,14 @@ class Meter:
             if shown is not None:
                 self._cur["shown_loss"] = float(shown)
 
+    def step_loss(self, step: int, part: float) -> None:
+        """A share of global step ``step``'s loss, whichever of this rank's steps computed it."""
+        self.step_losses[step] = self.step_losses.get(step, 0.0) + float(part)
+
     def fragment(self) -> dict[str, Any]:
         return {"rank": self.rank, "kind": self.kind, "records": self.records,
-                "checkpoint_bytes_sent": self.checkpoint_bytes_sent}
+                "checkpoint_bytes_sent": self.checkpoint_bytes_sent, "step_losses": self.step_losses,
+                "extra": self.extra}
 
 
 def _median(xs: list[float]) -> float:
@@ -123,6 +136,7 @@ def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, gl
     losses = []
     for s in steps:
         parts = [r["loss"] for r in by_step[s] if r["loss"] is not None]
+        parts += [f["step_losses"][s] for f in fragments if s in f.get("step_losses", {})]
         losses.append(float(sum(parts)) if parts else None)
 
     per_rank = []
@@ -140,7 +154,9 @@ def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, gl
     breakdown = {k: {"compute_s": statistics.fmean(r["compute_s"] for r in rows),
                      "comm_s": statistics.fmean(r["comm_s"] for r in rows)} for k, rows in kinds.items()}
     bottleneck = max(breakdown, key=lambda k: breakdown[k]["compute_s"]) if breakdown else None
+    extra = {k: v for f in fragments for k, v in (f.get("extra") or {}).items()}
     return {
+        **extra,
         "kind": "measurement",
         "strategy": spec.strategy,
         "model": spec.model,

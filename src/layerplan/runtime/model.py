@@ -55,17 +55,17 @@ def num_classes(net, spec) -> int:
 
 
 def split_layer(spec, net) -> str:
-    """The layer Stanza, hybrid or RALP cuts after: the configured split, else the phase boundary /
-    the RALP profile's split. ConfigError when the net has no FC phase or the layer is not a single
-    cut."""
-    if spec.strategy not in ("stanza", "ralp", "hybrid"):
+    """The layer Stanza, hybrid, RALP or Omnivore's groups cut after: the configured split, else the
+    phase boundary (stanza, hybrid, groups) / the RALP profile's split. ConfigError when the net has
+    no FC phase or the layer is not a single cut."""
+    if spec.strategy not in ("stanza", "ralp", "hybrid", "groups"):
         raise ConfigError(f"{spec.strategy} does not split the network")
     if net.boundary is None:
         raise ConfigError(f"{spec.strategy} needs an FC phase: {net.name} has no conv/FC boundary "
                           "(no fully connected layers after its convolutions)")
     layer = spec.config.get("split")
     if layer is None:
-        if spec.strategy in ("stanza", "hybrid"):
+        if spec.strategy in ("stanza", "hybrid", "groups"):
             layer = net.boundary
         else:
             from layerplan.plan import ralp
@@ -93,7 +93,7 @@ def check(spec, net) -> None:
     """Everything about spec × net that can be checked before processes start."""
     from layerplan.runtime.layout import ps_shards
 
-    if spec.strategy in ("stanza", "ralp"):
+    if spec.strategy in ("stanza", "ralp", "groups"):
         split_layer(spec, net)
     if spec.strategy == "hybrid":
         hybrid_phase(spec, net)

@@ -4,7 +4,9 @@
 compares with it. It builds the strategy Config the run executes, the ClusterSpec the run stands for
 (``local_cluster`` for ranks on this machine, the emulated cluster's own spec, or a calibrated file)
 and calls ``strategies.predict``; role names are renamed to the runtime's (``conv`` → ``conv_worker``,
-``fc`` → ``fc_worker`` for stanza and hybrid, ralp's ``ps`` → ``ps_worker``).
+``fc`` → ``fc_worker`` for stanza and hybrid, ralp's ``ps`` → ``ps_worker``; groups: the engine's
+``group0`` … ``group{g−1}`` → ``conv_machine`` (per-node quantities averaged over the groups, node
+counts summed), ``fc`` → ``fc_server``, ``conv_model`` → ``conv_model_server``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ ROLE_NAMES: dict[str, dict[str, str]] = {
     "stanza": {"conv": "conv_worker", "fc": "fc_worker"},
     "ralp": {"worker": "worker", "ps": "ps_worker"},
     "hybrid": {"conv": "conv_worker", "fc": "fc_worker"},
+    "groups": {"group": "conv_machine", "fc": "fc_server", "conv_model": "conv_model_server"},
 }
 
 LOOPBACK = hardware.LinkSpec(
@@ -55,6 +58,8 @@ def strategy_config(spec, net) -> Any:
         return s.Config(workers=c["workers"], split=split_layer(spec, net), setting=c["ralp_setting"])
     if spec.strategy == "hybrid":
         return s.Config(conv_workers=c["conv_workers"], fc_workers=c["fc_workers"], replicate=tuple(c["replicate"]))
+    if spec.strategy == "groups":  # the runtime runs merged FC (Omnivore §V-A), not pipelined
+        return s.Config(machines=c["machines"], groups=c["groups"], merged_fc=True, pipelined=c["pipelined"])
     raise ConfigError(f"no prediction for strategy {spec.strategy!r}")
 
 
@@ -65,7 +70,7 @@ def run_net(spec, net):
 
     dtype_bytes = 8 if spec.dtype == "float64" else 4
     net = net.with_dtype_bytes(dtype_bytes)
-    if spec.strategy in ("stanza", "hybrid"):
+    if spec.strategy in ("stanza", "hybrid", "groups"):
         net = replace(net, boundary=split_layer(spec, net))
     return net
 
@@ -88,9 +93,53 @@ def predict_run(spec, cluster: hardware.ClusterSpec | None = None, net=None) -> 
     config = strategy_config(spec, net)
     pred = strategies.predict(net, cluster, spec.strategy, config, spec.batch_size).to_dict()
     names = ROLE_NAMES[spec.strategy]
+    if spec.strategy == "groups":
+        pred = merge_groups(pred)
     out = rename_roles(pred, names)
     out.update(strategy=spec.strategy, config=strategies.get(spec.strategy).config_to_dict(config),
                global_batch=global_batch(spec), cluster=cluster.to_dict())
+    return out
+
+
+def merge_groups(pred: dict[str, Any]) -> dict[str, Any]:
+    """The engine's per-group roles ``group0`` … as one role ``group`` (the runtime's conv machines are
+    one kind): per-node values averaged over the groups (they are symmetric), node counts summed."""
+    import statistics
+
+    def is_group(k: str) -> bool:
+        return k.startswith("group") and k[5:].isdigit()
+
+    def merge(d: dict, how: str = "mean") -> dict:
+        keys = [k for k in d if is_group(k)]
+        if not keys:
+            return d
+        out = {k: v for k, v in d.items() if not is_group(k)}
+        vals = [d[k] for k in keys]
+        if how == "sum":
+            out["group"] = sum(vals)
+        elif all(isinstance(v, dict) for v in vals):
+            out["group"] = {f: statistics.fmean(v[f] for v in vals) if all(isinstance(v.get(f), (int, float))
+                                                                          and not isinstance(v.get(f), bool) for v in vals)
+                            else vals[0][f] for f in vals[0]}
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            out["group"] = statistics.fmean(vals)
+        else:
+            out["group"] = vals[0]
+        return out
+
+    out = dict(pred)
+    out["groups"] = merge(pred["groups"], "sum")
+    out["breakdown"] = merge(pred["breakdown"])
+    for k in ("memory_bytes_per_role", "memory_per_role"):
+        if isinstance(pred.get(k), dict):
+            out[k] = merge(pred[k])
+    b = dict(pred["bytes_per_step"])
+    for k in ("per_role", "wire_per_role", "wire_per_role_all_nodes", "wire_received_per_role"):
+        if k in b:
+            b[k] = merge(b[k], "sum" if k == "wire_per_role_all_nodes" else "mean")
+    out["bytes_per_step"] = b
+    if isinstance(pred.get("bottleneck"), str) and is_group(pred["bottleneck"]):
+        out["bottleneck"] = "group"
     return out
 
 

@@ -4,13 +4,18 @@ step's global batch, built from the same data shards (``Sharder``) and the same 
 ``chunked=True`` (default) evaluates the global-batch loss the way the strategy does — the model
 per data worker's K samples (ps, allreduce), the head per CONV worker and the tail per FC
 worker's block (stanza), the CONV workers' part per CONV worker and the FC phase over the whole
-global batch (hybrid), the head and the tail per worker (ralp) — and sums the cross-entropy over
+global batch (hybrid), the head and the tail per worker (ralp), the head per conv machine and the
+tail over the whole global batch (groups with g = 1: one group, the merged FC server) — and sums
+the cross-entropy over
 the global batch divided by its size. For a network without batch-dependent layers this is the
 same function as one forward over the concatenated batch (``chunked=False``); with BatchNorm it
 reproduces the per-worker batch statistics that every data-parallel run without SyncBatchNorm
 has, so the comparison stays exact.
 
 Dropout draws from each rank's RNG, so exact comparisons need ``RunSpec.deterministic`` (p = 0).
+
+Omnivore's groups have a single-process reference only with g = 1 (synchronous SGD, Omnivore
+§IV-A); with g > 1 the update order depends on timing, so there is none (ConfigError).
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ def reference_run(spec, *, chunked: bool = True, net=None, factory=None) -> dict
 
     from layerplan.runtime import model
     from layerplan.runtime.data import Sharder, make_source
+    from layerplan.errors import ConfigError
     from layerplan.runtime.layout import data_workers, layout
 
+    if spec.strategy == "groups" and spec.config["groups"] != 1:
+        raise ConfigError(f"groups: {spec.config['groups']} asynchronous groups have no single-process reference "
+                          "(the update order depends on timing); only g = 1 equals synchronous SGD")
     net, module = model.build(spec, net, factory)
     n = data_workers(spec)
     k = spec.batch_size
@@ -34,7 +43,7 @@ def reference_run(spec, *, chunked: bool = True, net=None, factory=None) -> dict
     opt = torch.optim.SGD(module.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     split = None
     groups: list[list[int]] = [[w] for w in range(n)]
-    if spec.strategy in ("stanza", "ralp", "hybrid") and chunked:
+    if spec.strategy in ("stanza", "ralp", "hybrid", "groups") and chunked:
         from layerplan.runtime.split import split_module
 
         if spec.strategy == "hybrid":
@@ -45,6 +54,8 @@ def reference_run(spec, *, chunked: bool = True, net=None, factory=None) -> dict
         if spec.strategy == "stanza":
             roles = layout(spec)
             groups = [[roles[c].data_index for c in r.peers] for r in roles.values() if r.kind == "fc_worker"]
+        elif spec.strategy == "groups":
+            groups = [list(range(n))]
     losses = []
     for s in range(spec.steps):
         opt.zero_grad(set_to_none=True)

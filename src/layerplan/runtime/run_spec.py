@@ -14,7 +14,7 @@ from typing import Any
 
 from layerplan.errors import ConfigError, SpecError
 
-STRATEGIES = ("ps", "allreduce", "stanza", "ralp", "hybrid")
+STRATEGIES = ("ps", "allreduce", "stanza", "ralp", "hybrid", "groups")
 BACKENDS = ("gloo", "nccl")
 DTYPES = ("float32", "float64")
 RALP_SETTINGS = ("N", "H")
@@ -28,6 +28,7 @@ CONFIG_KEYS: dict[str, dict[str, Any]] = {
     "stanza": {"conv_workers": REQUIRED, "fc_workers": 1, "split": None},
     "ralp": {"workers": REQUIRED, "split": None, "ralp_setting": "N"},
     "hybrid": {"conv_workers": REQUIRED, "fc_workers": 1, "replicate": [], "split": None},
+    "groups": {"machines": REQUIRED, "groups": REQUIRED, "split": None, "pipelined": False},
 }
 
 
@@ -38,7 +39,7 @@ class RunSpec:
     model: str
     """MODEL as on the CLI: a zoo name, file.py:factory, package.module:factory."""
     strategy: str
-    """One of ps, allreduce, stanza, ralp, hybrid."""
+    """One of ps, allreduce, stanza, ralp, hybrid, groups."""
     config: dict = field(default_factory=dict)
     """Strategy configuration. ps: workers, servers. allreduce: workers. stanza: conv_workers,
     fc_workers, split (layer name; null = the NetSpec's phase boundary). ralp: workers (worker
@@ -46,7 +47,8 @@ class RunSpec:
     ("N": the N-node cluster is workers + PS, n_w = N − 1; "H": n_w = N/2 — only the node count
     the run stands for changes, see layout.nodes_represented). hybrid: conv_workers, fc_workers
     (FC machines), replicate (fc layer names computed replicated over the FC machines instead of
-    partitioned by output features), split (as stanza's)."""
+    partitioned by output features), split (as stanza's). groups: machines (N conv machines),
+    groups (g, divides N), split (null = the phase boundary), pipelined (false; not run yet)."""
     input_size: int | None = None
     """Input height = width (None: the model's default)."""
     num_classes: int | None = None
@@ -54,7 +56,9 @@ class RunSpec:
     batch_size: int = 32
     """Samples per data worker per step (K); the global batch is K × data workers."""
     steps: int = 10
-    """Run until this many steps are done in total (a resumed run continues up to it)."""
+    """Run until this many steps are done in total (a resumed run continues up to it). groups: every
+    compute group does this many iterations (one step = one round, each group one iteration on k·B
+    samples, N·B samples in all), so the conv model server applies groups × steps updates."""
     lr: float = 0.01
     """SGD learning rate."""
     momentum: float = 0.9
@@ -128,6 +132,9 @@ class RunSpec:
             raise SpecError("RunSpec: resume needs checkpoint_dir (where the checkpoints are)")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise SpecError("RunSpec: checkpoint_every needs checkpoint_dir")
+        if self.strategy == "groups" and (self.checkpoint_dir or self.resume):
+            raise ConfigError("groups: checkpoints are not supported (asynchronous groups stand at different "
+                              "iterations; there is no consistent cut to save); leave checkpoint_dir unset")
         for f in ("deterministic", "resume", "progress"):
             if not isinstance(getattr(self, f), bool):
                 raise SpecError(f"RunSpec: {f} must be true or false, got {getattr(self, f)!r}")
@@ -220,7 +227,7 @@ def normalize_config(strategy: str, config: Any) -> dict[str, Any]:
             raise ConfigError(f"{strategy}: config needs {key!r}")
         else:
             out[key] = default
-    for key in ("workers", "servers", "conv_workers", "fc_workers"):
+    for key in ("workers", "servers", "conv_workers", "fc_workers", "machines", "groups"):
         if key in out:
             v = out[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -234,6 +241,15 @@ def normalize_config(strategy: str, config: Any) -> dict[str, Any]:
         if len(set(r)) != len(r):
             raise ConfigError(f"{strategy}: replicate names a layer twice: {', '.join(r)}")
         out["replicate"] = list(r)
+    if strategy == "groups":
+        if out["machines"] % out["groups"]:
+            raise ConfigError(f"groups: {out['groups']} groups do not divide {out['machines']} conv machines evenly "
+                              "(groups must divide machines)")
+        if not isinstance(out["pipelined"], bool):
+            raise ConfigError(f"groups: pipelined must be true or false, got {out['pipelined']!r}")
+        if out["pipelined"]:
+            raise ConfigError("groups: pipelined runs (two batches in flight per group) are not implemented in the "
+                              "runtime; set pipelined false (the cost engine still predicts them)")
     if "ralp_setting" in out and out["ralp_setting"] not in RALP_SETTINGS:
         raise ConfigError(f"ralp: ralp_setting must be N or H, got {out['ralp_setting']!r}")
     return out

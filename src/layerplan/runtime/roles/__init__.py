@@ -1,7 +1,8 @@
 """One file per strategy: the communication each rank performs in one training step.
 
 Every role follows the same contract (``RoleBase``): ``step(s)`` runs global step s (BSP: every
-rank's step s uses the parameters after step s−1), timing compute and communication and counting
+rank's step s uses the parameters after step s−1; Omnivore's asynchronous groups read it as one
+round, see ``groups.py``), timing compute and communication and counting
 bytes in the rank's Meter; ``state_dict``/``load_state_dict`` hold what a checkpoint needs;
 ``owned_params`` names the parameters this rank holds (for comparisons with the reference).
 
@@ -138,7 +139,7 @@ def flat_params(params):
 
 
 def make_role(ctx: Context) -> RoleBase:
-    from layerplan.runtime.roles import allreduce, hybrid, ps, ralp, stanza
+    from layerplan.runtime.roles import allreduce, groups, hybrid, ps, ralp, stanza
 
     return {"ps": ps.make, "allreduce": allreduce.make, "stanza": stanza.make, "ralp": ralp.make,
-            "hybrid": hybrid.make}[ctx.spec.strategy](ctx)
+            "hybrid": hybrid.make, "groups": groups.make}[ctx.spec.strategy](ctx)

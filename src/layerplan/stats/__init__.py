@@ -1,0 +1,1 @@
+"""Statistical efficiency: measured properties of optimisation runs (pure NumPy)."""
