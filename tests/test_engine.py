@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from layerplan.cost.collectives import ALLREDUCE, recursive_doubling_rounds
 from layerplan.cost.engine import Collective, Compute, Delay, StepGraph, Transfer, iteration_name, simulate
-from layerplan.errors import ConfigError
+from layerplan.errors import ConfigError, SpecError
 from layerplan.hardware import ClusterSpec, DeviceSpec, LinkSpec
 
 GBIT10 = 10e9 / 8  # 1.25 GB/s
@@ -251,6 +252,16 @@ def test_shared_cores():
     # fewer tasks than cores run at full speed
     g3 = StepGraph(groups={"w": 2}, samples_per_step=2, tasks=(Compute(name="c", group="w", seconds=1.0),))
     assert simulate(g3, cluster(shared_cores=4)).step_time_s == pytest.approx(1.0)
+    # contention: two busy cores give 1.6 cores' worth; one task alone still runs at full speed
+    busy = replace(cluster(shared_cores=2), shared_core_capacity=1.6)
+    assert simulate(g3, busy).step_time_s == pytest.approx(2 / 1.6)
+    g1 = StepGraph(groups={"w": 1}, samples_per_step=1, tasks=(Compute(name="c", group="w", seconds=1.0),))
+    assert simulate(g1, busy).step_time_s == pytest.approx(1.0)
+    assert simulate(g, busy).step_time_s == pytest.approx(4 / 1.6)
+    with pytest.raises(SpecError, match="shared_core_capacity"):
+        replace(busy, shared_core_capacity=2.5)
+    with pytest.raises(SpecError, match="shared_core_capacity"):
+        replace(busy, shared_cores=None)
 
 
 def test_moving_bytes_costs_the_shared_cores_cpu():

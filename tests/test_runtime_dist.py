@@ -390,3 +390,20 @@ def test_groups_run_asynchronously_and_report_staleness(tmp_path):
     check_groups_bytes(spec, m)
     with pytest.raises(Exception, match="no single-process reference"):
         reference_run(spec)
+
+
+def test_a_session_runs_many_specs_on_the_same_ranks_exactly_as_launches_do(tmp_path):
+    """tune's trials: one start and rendezvous, then runs of different (g, µ, η) on the same N + 2
+    ranks; each run starts from its spec's initialisation, so it equals its own launch."""
+    from layerplan.runtime.launch import Session
+
+    a = make_spec(tmp_path, "debug", "groups", {"machines": 2, "groups": 1}, 3).replace(params_out=None)
+    b = a.replace(config={"machines": 2, "groups": 2}, momentum=0.3, lr=0.05, steps=4)
+    with Session(a) as s:
+        run_dir = s.run_dir
+        first, second, again = s.run(a), s.run(b), s.run(a)
+        with pytest.raises(Exception, match="cannot run a layout of 5"):
+            s.run(a.replace(config={"machines": 3, "groups": 1}))
+    assert not run_dir.exists()  # a clean session leaves nothing behind
+    assert first["loss"] == again["loss"] == launch_local(a, start="fork")["loss"]
+    assert len(second["loss"]) == 4 and second["staleness"]["groups"] == 2

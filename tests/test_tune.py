@@ -49,6 +49,7 @@ def test_next_groups_and_time_to_target():
     assert next_groups(6, 6) == 3 and next_groups(6, 3) == 1
     assert time_to_target([3.0, None, 1.0, 0.5], [1.0, 1.0, 2.0, 1.0], 1.0) == pytest.approx(4.0)
     assert time_to_target([3.0], [1.0], 1.0) is None
+    assert time_to_target([0.5, 3.0, 1.0, 0.9, 0.8], [1.0] * 5, 1.0, window=3) == pytest.approx(5.0)  # not the lucky first
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -62,3 +63,23 @@ def test_tune_rejects_bad_input_in_one_line(capsys, argv, words):
     rc = cli.main(["tune", *argv])
     err = capsys.readouterr().err
     assert rc == 2 and words in err and err.count("\n") == 1, err
+
+
+@pytest.mark.dist
+def test_tune_runs_every_trial_in_one_session_and_compares_sync_and_async(capsys, tmp_path):
+    import json
+
+    from layerplan import cli
+
+    out = tmp_path / "tune.json"
+    assert cli.main(["tune", "debug", "--workers", "2", "--trial-steps", "2", "--steps", "4", "--budget", "0s",
+                     "--target-loss", "100", "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == json.loads(out.read_text())
+    assert doc["stopped"] and len([t for t in doc["trials"] if t["phase"] == "cold-start"]) == 1
+    runs = {r["label"]: r for r in doc["runs"]}
+    assert set(runs) >= {"chosen", "async"} and runs["async"]["groups"] == 2
+    assert set(runs) == {"chosen", "sync", "async"} or doc["groups"] == 1
+    for r in runs.values():
+        assert r["steps"] == 4 and 0 < r["time_to_target_s"] <= r["wall_s"]  # loss 100: reached at once
+    assert doc["overhead"] == pytest.approx(doc["tuning_s"] / runs["chosen"]["time_to_target_s"])

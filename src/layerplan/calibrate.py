@@ -602,8 +602,11 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
         name = "calibrated-local"
         default_nodes = cores
     comm_cpu, reduce_cpu = comm_cpu_costs(link)
+    eff_cores = (comp.get("effective_cores") or {}).get("median")
+    capacity = None if not eff_cores else min(float(cores), max(eff_cores, 1e-3))
     return hardware.ClusterSpec(name=name, nodes=nodes or default_nodes, device=device, nic=nic, shared_cores=cores,
-                                comm_cpu_s_per_byte=comm_cpu, reduce_cpu_s_per_byte=reduce_cpu)
+                                comm_cpu_s_per_byte=comm_cpu, reduce_cpu_s_per_byte=reduce_cpu,
+                                shared_core_capacity=capacity)
 
 
 def comm_cpu_costs(link: dict) -> tuple[float, float]:

@@ -406,6 +406,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     done: list[dict] = []
     calibrated = None
+    if args.repredict:
+        return _validate_repredict(args, out)
     if args.resume:
         previous = out / "validate.json"
         if not previous.exists():
@@ -444,6 +446,44 @@ def cmd_validate(args: argparse.Namespace) -> int:
         validate.print_rows(doc["rows"])
         validate.print_summary(doc)
         con.print(f"wrote {out / 'validate.json'}, {out / 'predicted-vs-measured.png'}, {out / 'throughput-by-strategy.png'}")
+    return 0
+
+
+def _validate_repredict(args: argparse.Namespace, out) -> int:
+    from layerplan import report, validate
+    from layerplan.hardware import cluster_from_dict, resolve_cluster
+
+    previous = out / "validate.json"
+    try:
+        doc = validate.load_json(previous)
+        rows = doc["rows"]
+    except OSError as e:
+        raise ConfigError(f"--repredict: cannot read {previous}: {e.strerror or e}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--repredict: {previous} is not a validate result ({e})") from None
+    if not rows:
+        raise ConfigError(f"--repredict: {previous} has no measured rows")
+    if args.presets_only:
+        calibrated = None
+    elif args.calibration:
+        calibrated = resolve_cluster(args.calibration)
+    elif doc.get("calibrated_cluster"):
+        calibrated = cluster_from_dict(doc["calibrated_cluster"], str(previous))
+    else:
+        calibrated = None
+    new = validate.repredict(doc, calibrated)
+    from pathlib import Path
+
+    target = Path(args.repredict_out) if args.repredict_out else out / "repredicted"
+    target.mkdir(parents=True, exist_ok=True)
+    validate.write_doc(target, new)
+    if args.json:
+        emit_json({**new["summary"], "rows": new["rows"], "skipped": new["skipped"]})
+        return 0
+    validate.print_rows(new["rows"])
+    validate.print_summary(new)
+    report.console().print(f"wrote {target / 'validate.json'} and its plots (the measurements of {previous}, "
+                           "predicted again)")
     return 0
 
 
@@ -513,6 +553,10 @@ def _register_closed_loop(sub) -> None:
                    help="list the configurations, their predicted step and the estimated time; run nothing")
     p.add_argument("--resume", action="store_true",
                    help="keep the rows (and the calibration) of DIR/validate.json and run only what is missing")
+    p.add_argument("--repredict", action="store_true",
+                   help="run nothing: predict DIR/validate.json's measured rows again with the current model (and "
+                        "--calibration FILE, or the stored calibration, or --presets-only); writes DIR/repredicted/")
+    p.add_argument("--repredict-out", metavar="DIR2", help="with --repredict: write here instead of DIR/repredicted")
     p.add_argument("--out", default="validate-out", metavar="DIR", help="where validate.json and the plots go (default validate-out)")
     p.add_argument("--json", action="store_true", help="print the summary and rows as JSON")
     COMMANDS["validate"] = cmd_validate

@@ -164,6 +164,12 @@ class ClusterSpec:
     reduce_cpu_s_per_byte: float = 0.0
     """With shared_cores: CPU seconds per byte of an all-reduce's reduction (gloo on CPU), fitted
     from the loopback all-reduce. 0: not modelled."""
+    shared_core_capacity: float | None = None
+    """With shared_cores: how many cores' worth of compute they give with every core busy. Cores
+    share memory bandwidth and caches, so two busy cores do less than twice one core's work;
+    ``layerplan calibrate`` measures it (the FLOP/s of one process per core at once over one
+    process alone: ``effective_cores``). A task alone still runs at full speed; ``a`` tasks at once
+    each get min(1, capacity / a). None: shared_cores (no contention)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
@@ -174,6 +180,11 @@ class ClusterSpec:
             raise SpecError(f"cluster {self.name!r}: switch_bandwidth_bytes_per_s must be positive or null")
         if self.shared_cores is not None and (not isinstance(self.shared_cores, int) or self.shared_cores < 1):
             raise SpecError(f"cluster {self.name!r}: shared_cores must be a positive integer or null, got {self.shared_cores!r}")
+        cap = self.shared_core_capacity
+        if cap is not None and (self.shared_cores is None or not isinstance(cap, (int, float)) or isinstance(cap, bool)
+                                or not math.isfinite(cap) or not 0 < cap <= self.shared_cores):
+            raise SpecError(f"cluster {self.name!r}: shared_core_capacity must be a number in (0, shared_cores] "
+                            f"with shared_cores set, got {cap!r}")
         for f in ("comm_cpu_s_per_byte", "reduce_cpu_s_per_byte"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
@@ -193,6 +204,7 @@ class ClusterSpec:
             "shared_cores": self.shared_cores,
             "comm_cpu_s_per_byte": self.comm_cpu_s_per_byte,
             "reduce_cpu_s_per_byte": self.reduce_cpu_s_per_byte,
+            "shared_core_capacity": self.shared_core_capacity,
         }
 
     def describe(self) -> str:

@@ -165,7 +165,9 @@ def print_cluster(c) -> None:
     t.add_row("NIC", f"{n.name}: {units.format_bandwidth(n.bandwidth_bytes_per_s)} × {n.efficiency:.3f} = "
                      f"{units.format_bandwidth(n.payload_bytes_per_s)} payload, latency {units.format_seconds(n.latency_s)}")
     t.add_row("switch", "non-blocking" if c.switch_bandwidth_bytes_per_s is None else units.format_bandwidth(c.switch_bandwidth_bytes_per_s))
-    t.add_row("shared cores", "no (each node its own)" if c.shared_cores is None else f"all nodes share {c.shared_cores}")
+    t.add_row("shared cores", "no (each node its own)" if c.shared_cores is None else
+              f"all nodes share {c.shared_cores}" + ("" if c.shared_core_capacity is None else
+                                                     f" ({c.shared_core_capacity:.2f} cores' worth with all busy)"))
     console().print(t)
 
 

@@ -94,13 +94,19 @@ def cases(matrix: Matrix) -> list[Case]:
             for n in matrix.workers:
                 for s in matrix.strategies:
                     if s == "groups":
-                        out += [Case(model, s, n, rate, {"machines": n, "groups": g}) for g in matrix.groups if n % g == 0]
+                        out += [Case(model, s, n, rate, config_for(s, n, g)) for g in matrix.groups if n % g == 0]
                         continue
-                    cfg = {"ps": {"workers": n, "servers": 1}, "allreduce": {"workers": n},
-                           "stanza": {"conv_workers": n, "fc_workers": 1}, "ralp": {"workers": n},
-                           "hybrid": {"conv_workers": n, "fc_workers": 2}}[s]
-                    out.append(Case(model, s, n, rate, cfg))
+                    out.append(Case(model, s, n, rate, config_for(s, n)))
     return out
+
+
+def config_for(strategy: str, workers: int, groups: int | None = None) -> dict:
+    """The runtime config a matrix row of ``strategy`` with ``workers`` runs."""
+    if strategy == "groups":
+        return {"machines": workers, "groups": groups}
+    return {"ps": {"workers": workers, "servers": 1}, "allreduce": {"workers": workers},
+            "stanza": {"conv_workers": workers, "fc_workers": 1}, "ralp": {"workers": workers},
+            "hybrid": {"conv_workers": workers, "fc_workers": 2}}[strategy]
 
 
 def lower_bound_s(pred: dict, rate_bytes_per_s: float) -> tuple[float, float, float]:
@@ -183,32 +189,66 @@ def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
 
     spec = RunSpec(model=case.model, strategy=case.strategy, config=case.config, batch_size=matrix.batch_size,
                    steps=matrix.max_steps, progress=False, timeout_s=60.0)
-    preset_cluster = emu.cluster_spec()
-    cluster = calibrated_for(emu, calibrated) if calibrated else preset_cluster
+    cluster = calibrated_for(emu, calibrated) if calibrated else emu.cluster_spec()
     pred = predict_run(spec, cluster)
-    preset = predict_run(spec, preset_cluster) if calibrated else pred
     steps = measured_steps(matrix, pred["step_time_s"])
     spec = spec.replace(steps=steps + spec.warmup_steps,
                         timeout_s=max(60.0, 10 * pred["step_time_s"]))
     t0 = time.perf_counter()
     m = launch_emulated(spec, emu.name, run_dir=run_dir, quiet=True, start="fork")
     wall = time.perf_counter() - t0
-    bound, comp, comm = lower_bound_s(pred, emu.rate_bytes_per_s)
-    meas = m["step_time_s"]
-    return {
+    row = {
         "model": case.model, "strategy": case.strategy, "label": case.label, "workers": case.workers, "rate": case.rate,
-        "rate_bytes_per_s": emu.rate_bytes_per_s, "config": pred["config"], "batch_size": spec.batch_size,
+        "rate_bytes_per_s": emu.rate_bytes_per_s, "batch_size": spec.batch_size, "run_config": case.config,
         "global_batch": m["global_batch"], "steps_measured": len(m["step_times_s"]) - m["warmup_steps"]
         if "step_times_s" in m else steps,
-        "measured_step_s": meas, "predicted_step_s": pred["step_time_s"],
-        "error": (pred["step_time_s"] - meas) / meas,
+        "measured_step_s": m["step_time_s"], "measured_throughput": m["throughput_samples_per_s"],
+        "measured_bytes_per_step": m["bytes_per_step"]["total"], "wall_s": wall,
+    }
+    return {**row, **prediction(row, emu, calibrated)}
+
+
+def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[str, Any]:
+    """The predicted half of a row (measured: ``row``'s): with the calibrated cluster and with the
+    presets, the error of each, the lower bound and the efficiency against it."""
+    from layerplan.runtime.predict import predict_run
+    from layerplan.runtime.run_spec import RunSpec
+
+    spec = RunSpec(model=row["model"], strategy=row["strategy"], config=row["run_config"], batch_size=row["batch_size"])
+    preset_cluster = emu.cluster_spec()
+    pred = predict_run(spec, calibrated_for(emu, calibrated) if calibrated else preset_cluster)
+    preset = predict_run(spec, preset_cluster) if calibrated else pred
+    meas = row["measured_step_s"]
+    bound, comp, comm = lower_bound_s(pred, emu.rate_bytes_per_s)
+    return {
+        "config": pred["config"], "predicted_step_s": pred["step_time_s"], "error": (pred["step_time_s"] - meas) / meas,
         "preset_predicted_step_s": preset["step_time_s"], "preset_error": (preset["step_time_s"] - meas) / meas,
-        "measured_throughput": m["throughput_samples_per_s"], "predicted_throughput": pred["throughput_samples_per_s"],
+        "predicted_throughput": pred["throughput_samples_per_s"],
         "lower_bound_s": bound, "lower_bound_compute_s": comp, "lower_bound_comm_s": comm,
         "efficiency": bound / meas if meas else None,
-        "measured_bytes_per_step": m["bytes_per_step"]["total"], "predicted_bytes_per_step": pred["bytes_per_step"]["total"],
-        "bottleneck": pred["bottleneck"], "wall_s": wall,
+        "predicted_bytes_per_step": pred["bytes_per_step"]["total"], "bottleneck": pred["bottleneck"],
     }
+
+
+def repredict(doc: dict, calibrated: hardware.ClusterSpec | None) -> dict:
+    """A validate result's measured rows predicted again — with the current model and
+    ``calibrated`` (None: the presets) — without running anything."""
+    from layerplan.runtime import emulate
+    from layerplan.runtime.layout import world_size
+    from layerplan.runtime.run_spec import RunSpec
+
+    rows = []
+    for r in doc["rows"]:
+        if "run_config" not in r:  # rows of an older layerplan: the matrix's config for the row
+            label = r.get("label", r["strategy"])
+            g = int(label.split("=")[1].rstrip(")")) if r["strategy"] == "groups" else None
+            r = {**r, "run_config": config_for(r["strategy"], r["workers"], g)}
+        spec = RunSpec(model=r["model"], strategy=r["strategy"], config=r["run_config"], batch_size=r["batch_size"])
+        emu = emulate.Emulated(name=EMULATION_NAME, hosts=world_size(spec), rate_bytes_per_s=r["rate_bytes_per_s"],
+                               subnet=0)
+        rows.append({**r, **prediction(r, emu, calibrated)})
+    return {"summary": summarize(rows), "rows": rows, "skipped": doc.get("skipped", []),
+            "calibrated_cluster": calibrated.to_dict() if calibrated else None}
 
 
 def too_slow(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix) -> str | None:
@@ -227,8 +267,12 @@ def too_slow(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
 def calibrated_for(emu, calibrated: hardware.ClusterSpec) -> hardware.ClusterSpec:
     """The emulated cluster's spec with the calibrated device, CPU cost of communication and link
     efficiency/latency."""
-    base = replace(emu.cluster_spec(device=calibrated.device), comm_cpu_s_per_byte=calibrated.comm_cpu_s_per_byte,
-                   reduce_cpu_s_per_byte=calibrated.reduce_cpu_s_per_byte)
+    base = emu.cluster_spec(device=calibrated.device)
+    cap = calibrated.shared_core_capacity
+    if cap is not None and calibrated.shared_cores:  # the same share of the cores
+        cap = min(base.shared_cores, cap * base.shared_cores / calibrated.shared_cores)
+    base = replace(base, comm_cpu_s_per_byte=calibrated.comm_cpu_s_per_byte,
+                   reduce_cpu_s_per_byte=calibrated.reduce_cpu_s_per_byte, shared_core_capacity=cap)
     if not calibrated.name.startswith("emulated"):  # a local calibration knows loopback, not these links
         return base
     nic = replace(base.nic, efficiency=calibrated.nic.efficiency, latency_s=calibrated.nic.latency_s)
@@ -344,14 +388,18 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
 
 
 def write(out_dir: Path, rows: list[dict], skipped: list[dict], calibrated) -> dict:
-    doc = {"summary": summarize(rows), "rows": rows, "skipped": skipped,
-           "calibrated_cluster": calibrated.to_dict() if calibrated else None}
+    return write_doc(out_dir, {"summary": summarize(rows), "rows": rows, "skipped": skipped,
+                               "calibrated_cluster": calibrated.to_dict() if calibrated else None})
+
+
+def write_doc(out_dir: Path, doc: dict) -> dict:
+    """validate.json and the two plots."""
     from layerplan.runtime.checkpoint import atomic_write_json
 
     atomic_write_json(out_dir / "validate.json", doc)
-    if rows:
-        scatter_plot(rows, out_dir / "predicted-vs-measured.png")
-        bars_plot(rows, out_dir / "throughput-by-strategy.png")
+    if doc["rows"]:
+        scatter_plot(doc["rows"], out_dir / "predicted-vs-measured.png")
+        bars_plot(doc["rows"], out_dir / "throughput-by-strategy.png")
     return doc
 
 

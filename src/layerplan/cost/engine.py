@@ -16,7 +16,8 @@ workers is four tasks, not a million flows.
 - ``Compute(group, seconds)``: ``seconds`` is its duration alone on one device. Compute tasks
   active on one node at once share its device (processor sharing). With ``cluster.shared_cores``
   set, every active compute task of the whole cluster (one per node of its group) also shares that
-  many cores: each runs at ``min(1, shared_cores / active)`` (one thread per task). Moving bytes
+  many cores: each runs at ``min(1, capacity / active)`` (one thread per task; the capacity is
+  ``shared_core_capacity``, the calibrated cores' worth with all busy, else shared_cores). Moving bytes
   costs CPU too where the cluster says so: ``comm_cpu_s_per_byte`` at each end of every message
   and ``reduce_cpu_s_per_byte`` on half of an all-reduce's bytes (the reduction), drawn from the
   same shared cores — on an emulated cluster at 10 Gbit/s, TCP and gloo's copies and reductions
@@ -434,7 +435,8 @@ class _Resources:
             self.dev[g] = self._add(f"{g} compute", 1.0, -1)
             self.egress[g] = self._add(f"{g} NIC egress", bw, j)
             self.ingress[g] = self._add(f"{g} NIC ingress", bw, j)
-        self.cores = None if cluster.shared_cores is None else self._add("shared cores", float(cluster.shared_cores), -1)
+        cores = cluster.shared_core_capacity or cluster.shared_cores  # contention: busy cores give less
+        self.cores = None if cluster.shared_cores is None else self._add("shared cores", float(cores), -1)
         sw = cluster.switch_bandwidth_bytes_per_s
         self.switch = None if sw is None else self._add("switch", float(sw), -1)
 

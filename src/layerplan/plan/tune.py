@@ -125,11 +125,19 @@ def next_groups(machines: int, g: int) -> int:
     return max(d for d in range(1, half + 1) if machines % d == 0)
 
 
-def time_to_target(losses: list[float | None], step_times_s: list[float], target: float) -> float | None:
-    """Seconds of training until the first step whose loss is at or below ``target`` (None: never)."""
+def time_to_target(losses: list[float | None], step_times_s: list[float], target: float,
+                   window: int = 1) -> float | None:
+    """Seconds of training until the first step at which the mean loss of the last ``window`` steps
+    is at or below ``target`` (None: never; a run shorter than the window: all its steps). A window
+    > 1 keeps one lucky mini-batch from counting as reaching the target."""
+    window = max(1, min(window, sum(1 for x in losses if x is not None)))
     elapsed = 0.0
+    recent: list[float] = []
     for loss, dt in zip(losses, step_times_s):
         elapsed += dt
-        if loss is not None and loss <= target:
+        if loss is None:
+            continue
+        recent = (recent + [loss])[-window:]
+        if len(recent) == window and sum(recent) / window <= target:
             return elapsed
     return None

@@ -69,16 +69,15 @@ class DigitsSource:
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int):
         import torch
-        from sklearn.datasets import load_digits
 
         if len(input_shape) != 3:
             raise ConfigError(f"digits needs an image network (C, H, W input), this one takes {input_shape}")
         if num_classes < 10:
             raise ConfigError(f"digits has 10 classes; the network has {num_classes} outputs")
-        d = load_digits()
-        x = torch.tensor(d.images, dtype=torch.float32) / 16.0
+        images, target = _digits()
+        x = torch.tensor(images, dtype=torch.float32) / 16.0
         self._images = (x - x.mean()) / x.std()
-        self._labels = torch.tensor(d.target, dtype=torch.long)
+        self._labels = torch.tensor(target, dtype=torch.long)
         self.input_shape = tuple(input_shape)
         self.size = len(self._labels)
 
@@ -133,6 +132,22 @@ class ImageFolderSource:
         import torch
 
         return torch.tensor([self._ds.targets[i] for i in idx], dtype=torch.long)
+
+
+@lru_cache(maxsize=1)
+def _digits():
+    """sklearn's digits as NumPy arrays (images, labels), read once per process."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return d.images, d.target
+
+
+def preload(data: str) -> None:
+    """Read what a data source needs once, here: ranks forked from this process inherit it
+    (``launch.Session`` calls it; importing scikit-learn in six ranks at once costs seconds)."""
+    if data == "digits":
+        _digits()
 
 
 def make_source(data: str, input_shape: tuple[int, ...], num_classes: int, seed: int):

@@ -123,9 +123,109 @@ def launch_emulated(spec, name: str = "default", *, run_dir: str | Path | None =
     return _launch(spec, place, run_dir=run_dir, watchdog_s=watchdog_s, on_spawn=on_spawn, quiet=quiet, start=start)
 
 
+class Session:
+    """Ranks that stay up between runs: one start and rendezvous, then any number of runs whose
+    layouts have the same world size (``layerplan tune``'s trials: every (g, µ, η) of Omnivore's
+    groups runs on the same N + 2 ranks). Each run builds its model, data and roles afresh from
+    its spec — so it starts from the spec's initialisation, exactly as a launched run would — and
+    returns rank 0's Measurement; only the process start and the rendezvous are shared.
+
+        with Session(first_spec) as s:
+            m = s.run(spec)          # any number of times
+
+    Runs go to the ranks as spec files in the run directory (``run-I.json``, written atomically;
+    ``stop`` ends the session); a failed run raises RunError and ends the session. ``warmup``: one
+    step of ``spec`` first, so that no run pays for opening the ranks' connections. Local ranks
+    only (``start`` as for ``launch_local``).
+    """
+
+    def __init__(self, spec, *, run_dir: str | Path | None = None, watchdog_s: float | None = None,
+                 start: str = "fork", warmup: bool = True):
+        from layerplan.runtime.layout import world_size
+
+        from layerplan.runtime.data import preload
+        from layerplan.runtime.model import resolve
+
+        self._world = world_size(spec)
+        if start == "fork":  # what every run reads, once, before the ranks are forked: they inherit it
+            preload(spec.data)
+            resolve(spec)
+
+        def place(rank: int, world: int, port: int) -> Placement:
+            return Placement(env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})
+
+        st = _launch(spec.replace(progress=False), place, run_dir=run_dir, watchdog_s=watchdog_s, on_spawn=None,
+                     quiet=True, start=start, session=True)
+        self._procs, self._logs, self._roles = st["procs"], st["logs"], st["roles"]
+        self.run_dir: Path = st["run_dir"]
+        self._own_dir, self._watchdog_s = st["own_dir"], st["watchdog_s"]
+        self._runs = 0
+        self._closed = False
+        ready = [self.run_dir / f"ready-rank{r}" for r in range(self._world)]
+        try:  # every rank in the process group: a run's time is its own
+            _watch(self._procs, self._roles, self.run_dir, spec, self._watchdog_s,
+                   done=lambda: all(f.exists() for f in ready))
+        except BaseException:
+            self._end(clean=False)
+            raise
+        if warmup:  # connections open on first use (gloo pairs), kernels load: not any run's time
+            self.run(spec.replace(steps=1, warmup_steps=0, checkpoint_dir=None, resume=False, params_out=None))
+
+    def run(self, spec) -> dict:
+        """Run ``spec`` on the session's ranks; rank 0's Measurement."""
+        from layerplan.runtime.layout import world_size
+
+        if self._closed:
+            raise RunError("the session has ended")
+        if world_size(spec) != self._world:
+            raise ConfigError(f"a session of {self._world} ranks cannot run a layout of {world_size(spec)}")
+        i = self._runs
+        self._runs += 1
+        out = self.run_dir / f"measurement-{i}.json"
+        spec = spec.replace(metrics_out=str(out.resolve()), progress=False)
+        tmp = self.run_dir / f"run-{i}.json.tmp"
+        spec.save(tmp)
+        os.replace(tmp, self.run_dir / f"run-{i}.json")
+        try:
+            _watch(self._procs, self._roles, self.run_dir, spec, self._watchdog_s, done=out.exists)
+        except BaseException:
+            self._end(clean=False)
+            raise
+        return json.loads(out.read_text())
+
+    def close(self) -> None:
+        """End the session: the ranks leave their process group and exit."""
+        if not self._closed:
+            (self.run_dir / "stop").write_text("")
+            deadline = time.monotonic() + 30.0
+            while time.monotonic() < deadline and any(p.poll() is None for p in self._procs.values()):
+                time.sleep(POLL_S)
+            self._end(clean=all(p.poll() == 0 for p in self._procs.values()))
+
+    def _end(self, clean: bool) -> None:
+        self._closed = True
+        _kill(self._procs)
+        for f in self._logs.values():
+            f.close()
+        if clean and self._own_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self._end(clean=False)
+
+
 def _launch(spec, place: Callable[[int, int, int], Placement], *, run_dir: str | Path | None, watchdog_s: float | None,
-            on_spawn: Callable[[dict[int, int], Path], None] | None, quiet: bool, start: str) -> dict:
-    """The one launcher: ``place(rank, world, port)`` says where each rank runs."""
+            on_spawn: Callable[[dict[int, int], Path], None] | None, quiet: bool, start: str,
+            session: bool = False) -> dict:
+    """The one launcher: ``place(rank, world, port)`` says where each rank runs. ``session``: the
+    ranks wait for runs (``Session``) instead of running ``spec``; returns the started session's
+    state instead of a Measurement."""
     from layerplan.runtime.run_spec import RunSpec
 
     if start not in ("exec", "fork"):
@@ -157,6 +257,8 @@ def _launch(spec, place: Callable[[int, int, int], Placement], *, run_dir: str |
             env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                        OMP_NUM_THREADS=str(spec.threads_per_rank), TORCH_CPP_LOG_LEVEL="ERROR",
                        LAYERPLAN_LAUNCHED="1", LAYERPLAN_RUN_DIR=str(run_dir))
+            if session:
+                env["LAYERPLAN_SESSION"] = "1"
             env.update(where.env)
             logs[r] = open(run_dir / f"rank{r}.log", "wb")
             show = r == 0 and run_spec.progress
@@ -169,11 +271,18 @@ def _launch(spec, place: Callable[[int, int, int], Placement], *, run_dir: str |
                                         stderr=None if show else logs[r])
         if on_spawn is not None:
             on_spawn({r: p.pid for r, p in procs.items()}, run_dir)
+        if session:
+            return {"procs": procs, "logs": logs, "roles": roles, "run_dir": run_dir, "own_dir": own_dir,
+                    "watchdog_s": watchdog_s}
         _watch(procs, roles, run_dir, spec, watchdog_s)
+    except BaseException:
+        session = False  # a session that failed to start is cleaned up here
+        raise
     finally:
-        _kill(procs)
-        for f in logs.values():
-            f.close()
+        if not session:
+            _kill(procs)
+            for f in logs.values():
+                f.close()
     try:
         m = json.loads(Path(metrics_out).read_text())
     except (OSError, json.JSONDecodeError):
@@ -184,12 +293,17 @@ def _launch(spec, place: Callable[[int, int, int], Placement], *, run_dir: str |
     return m
 
 
-def _watch(procs, roles, run_dir: Path, spec, watchdog_s: float) -> None:
+def _watch(procs, roles, run_dir: Path, spec, watchdog_s: float, done: Callable[[], bool] | None = None) -> None:
+    """Until every rank exited cleanly (or ``done()``); RunError on a failure or a stall."""
     last_progress = time.monotonic()
     seen: dict[int, str] = {}
     while True:
         codes = {r: p.poll() for r, p in procs.items()}
+        if done is not None and done():
+            return
         if all(c == 0 for c in codes.values()):
+            if done is not None:
+                raise RunError(f"every rank exited before the run finished (logs in {run_dir})")
             return
         failed = [r for r, c in codes.items() if c not in (None, 0)]
         if failed:

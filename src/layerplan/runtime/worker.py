@@ -97,6 +97,29 @@ def run_rank(spec, rank: int, world: int, run_dir: str | None = None) -> dict | 
     return m
 
 
+def serve_session(rank: int, world: int, run_dir: str) -> None:
+    """``launch.Session``'s side: run each ``run-I.json`` that appears in ``run_dir`` in turn (the
+    process group stays up between them) until ``stop`` appears."""
+    import time
+
+    from layerplan.runtime.run_spec import RunSpec
+
+    import torch.distributed as dist
+
+    d = Path(run_dir)
+    dist.barrier()  # every rank has joined the group
+    (d / f"ready-rank{rank}").write_text("")
+    i = 0
+    while True:
+        nxt, stop = d / f"run-{i}.json", d / "stop"
+        while not nxt.exists():
+            if stop.exists():
+                return
+            time.sleep(0.005)
+        run_rank(RunSpec.load(nxt), rank, world, run_dir)
+        i += 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m layerplan.runtime.worker", description=__doc__.split("\n")[0])
     ap.add_argument("--spec", required=True, help="the run spec JSON (layerplan train ... --spec-out)")
@@ -128,6 +151,9 @@ def main(argv=None) -> int:
     dist.init_process_group(backend=spec.backend, init_method="env://", rank=rank, world_size=world,
                             timeout=timedelta(seconds=spec.timeout_s))
     try:
+        if os.environ.get("LAYERPLAN_SESSION"):
+            serve_session(rank, world, args.run_dir)
+            return 0
         m = run_rank(spec, rank, world, args.run_dir)
     except LayerplanError as e:
         print(f"layerplan worker rank {rank}: error: {e}", file=sys.stderr)
