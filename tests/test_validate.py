@@ -128,5 +128,5 @@ def test_configurations_predicted_too_slow_are_skipped_with_the_reason():
     case = next(c for c in validate.cases(validate.MATRICES["full"])
                 if (c.model, c.strategy, c.workers, c.rate) == ("vgg16_cifar", "ps", 2, "100Mbit"))
     reason = validate.too_slow(case, emu, None, validate.MATRICES["full"])
-    assert reason and "per step, over the matrix's 30 s" in reason
+    assert reason and "per step, over the matrix's 20 s" in reason
     assert validate.too_slow(case, emu, None, validate.replace(validate.MATRICES["full"], max_step_s=1e4)) is None
