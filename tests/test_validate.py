@@ -130,3 +130,24 @@ def test_configurations_predicted_too_slow_are_skipped_with_the_reason():
     reason = validate.too_slow(case, emu, None, validate.MATRICES["full"])
     assert reason and "per step, over the matrix's 20 s" in reason
     assert validate.too_slow(case, emu, None, validate.replace(validate.MATRICES["full"], max_step_s=1e4)) is None
+
+
+def test_the_emulated_paths_cpu_cost_replaces_loopbacks_when_larger():
+    from layerplan import hardware
+
+    local = hardware.ClusterSpec(name="calibrated-local", nodes=2, device=hardware.DEVICES["cpu-core"],
+                                 nic=hardware.LINKS["1gbe"], shared_cores=2, comm_cpu_s_per_byte=2.6e-10)
+    assert validate.with_emulated_comm_cpu(local, 8e-10).comm_cpu_s_per_byte == 8e-10
+    assert validate.with_emulated_comm_cpu(local, 1e-10).comm_cpu_s_per_byte == 2.6e-10
+
+
+@pytest.mark.dist
+def test_the_emulated_path_costs_cpu_per_byte():
+    from layerplan.runtime import emulate
+
+    try:
+        emulate.check_available()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no emulated cluster here: {e}")
+    c = validate.emulated_comm_cpu_s_per_byte(nbytes=20_000_000)
+    assert 1e-12 < c < 1e-7  # between 10 MB/s and 1 TB/s: a CPU moved the bytes

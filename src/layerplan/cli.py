@@ -385,7 +385,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from layerplan import report, validate
+    from layerplan import report, units, validate
     from layerplan.hardware import cluster_from_dict, resolve_cluster
 
     matrix = validate.MATRICES["full" if args.full else "quick"]
@@ -433,6 +433,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
         calibrated = calibrate.to_cluster(calibrate.calibrate(on="local", quick=True, progress=not args.json,
                                                               profile=matrix.models,
                                                               profile_batches=validate.profile_batches(matrix)))
+        from layerplan.runtime import emulate
+
+        emulate.check_available()
+        c = validate.emulated_comm_cpu_s_per_byte()
+        calibrated = validate.with_emulated_comm_cpu(calibrated, c)
+        if not args.json:
+            con.print(f"the emulated path, unshaped, moves {units.format_bandwidth(1 / c)} on this CPU: its "
+                      "per-byte CPU cost goes into the predictions")
     con = report.console()
     if args.dry_run:
         return _validate_dry_run(validate.estimate(matrix, calibrated, [c for c in validate.cases(matrix)

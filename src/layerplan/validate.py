@@ -268,6 +268,26 @@ def too_slow(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
             f"{matrix.min_steps + 1} steps would take {(matrix.min_steps + 1) * step / 60:.0f} min")
 
 
+UNSHAPED_RATE = "400Gbit"
+"""A rate no tbf limit reaches here: the emulated path then runs as fast as the CPU moves bytes."""
+
+
+def emulated_comm_cpu_s_per_byte(nbytes: int = 200_000_000) -> float:
+    """CPU seconds per byte at each end of a message on the emulated cluster's path (veth, bridge,
+    tbf qdiscs: more kernel work per byte than loopback, which ``calibrate`` fits on): one TCP
+    stream between two hosts of an unshaped cluster is CPU-bound at both ends, so each end spends
+    1/R per byte. Measured here: R ≈ 1.2 GB/s, against ≈ 3.9 GB/s on loopback."""
+    from layerplan.runtime import emulate
+
+    with emulate.running(2, UNSHAPED_RATE, EMULATION_NAME + "-cpu") as emu:
+        return 1.0 / emulate.measure_rate(emu, nbytes=nbytes)
+
+
+def with_emulated_comm_cpu(calibrated: hardware.ClusterSpec, c_s_per_byte: float) -> hardware.ClusterSpec:
+    """A local calibration with the emulated path's per-byte CPU cost (the larger of the two)."""
+    return replace(calibrated, comm_cpu_s_per_byte=max(calibrated.comm_cpu_s_per_byte, c_s_per_byte))
+
+
 def calibrated_for(emu, calibrated: hardware.ClusterSpec) -> hardware.ClusterSpec:
     """The emulated cluster's spec with the calibrated device, CPU cost of communication and link
     efficiency/latency."""
@@ -386,7 +406,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                         skip(c, slow)
                     continue
                 if progress:
-                    progress(f"{c.model} {c.strategy} {c.workers}w {rate}")
+                    progress(f"{c.model} {c.label} {c.workers}w {rate}")
                 try:
                     rows.append(run_case(c, emu, calibrated, matrix, out_dir / "runs"))
                 except RunError as e:  # one failed configuration is reported, the matrix goes on
