@@ -113,14 +113,18 @@ def config_for(strategy: str, workers: int, groups: int | None = None) -> dict:
 
 
 def lower_bound_s(pred: dict, rate_bytes_per_s: float) -> tuple[float, float, float]:
-    """(bound, compute, communication): the busiest role's compute time (cores shared: the sum of
-    every rank's compute over the cores) and the most bytes one NIC moves in one direction over the
-    line rate. No schedule can beat either."""
+    """(bound, compute, communication): the busiest role's compute work — its compute alone on a
+    core (cores shared: the sum of every rank's compute work over the cores) — and the most bytes
+    one NIC moves in one direction over the line rate. No schedule can beat either."""
     groups = pred["groups"]
-    comp_role = max((b["compute_s"] for b in pred["breakdown"].values()), default=0.0)
+
+    def work(b: dict) -> float:  # compute alone on a core (older predictions: the shared time)
+        return b.get("compute_work_s", b["compute_s"])
+
+    comp_role = max((work(b) for b in pred["breakdown"].values()), default=0.0)
     cores = (pred.get("cluster") or {}).get("shared_cores")
     if cores:
-        total = sum(b["compute_s"] * groups.get(r, 1) for r, b in pred["breakdown"].items())
+        total = sum(work(b) * groups.get(r, 1) for r, b in pred["breakdown"].items())
         comp_role = max(comp_role, total / cores)
     b = pred["bytes_per_step"]
     sent = b.get("wire_per_role") or {}

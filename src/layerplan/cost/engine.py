@@ -341,8 +341,9 @@ class Prediction:
     groups: dict[str, int]
     """Role → nodes."""
     breakdown: dict[str, dict[str, float]]
-    """Role → {"compute_s", "comm_s"}: time per step one node of the role spends in compute tasks /
-    in communication tasks (union of their intervals)."""
+    """Role → {"compute_s", "comm_s", "compute_work_s"}: time per step one node of the role spends
+    in compute tasks / in communication tasks (union of their intervals), and the seconds its
+    compute tasks would take alone on the device (no sharing: the work)."""
     bytes_sent_per_node: dict[str, float]
     """Role → wire bytes one node of the role sends per step (mean over the role's nodes)."""
     bytes_received_per_node: dict[str, float]
@@ -777,8 +778,14 @@ def _predict(graph: StepGraph, acts: list[_Act], res: _Resources, k: int,
                 payload[g] += b
             for key, b in a.links.items():
                 links[key] = links.get(key, 0.0) + b
+    work = {g: 0.0 for g in groups}  # compute seconds alone on a device, per step and node
+    for a in acts:
+        if a.iteration in measured and a.tag == "compute" and not a.network:
+            for g in a.rows:
+                work[g] += a.amount
     breakdown = {g: {"compute_s": _union_clipped(compute_iv[g], lo, hi) / count,
-                     "comm_s": _union_clipped(comm_iv[g], lo, hi) / count} for g in groups}
+                     "comm_s": _union_clipped(comm_iv[g], lo, hi) / count,
+                     "compute_work_s": work[g] / count} for g in groups}
     share = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
     utilization = {name: share(load[r] / cap) for r, (name, cap) in enumerate(zip(res.names, res.caps))}
     saturated = {name: share(sat_time[r]) for r, name in enumerate(res.names)}
