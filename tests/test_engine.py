@@ -244,6 +244,8 @@ def test_shared_cores():
     pred = simulate(g, cluster(shared_cores=2))
     assert pred.step_time_s == pytest.approx(2.0)
     assert pred.bottleneck == "shared cores (100% busy)"
+    assert pred.breakdown["w"]["compute_s"] == pytest.approx(2.0)  # shared: twice as long as
+    assert pred.breakdown["w"]["compute_work_s"] == pytest.approx(1.0)  # its work alone
     assert simulate(g, cluster()).step_time_s == pytest.approx(1.0)
     # across roles too: 3 + 1 nodes on 2 cores
     g2 = StepGraph(groups={"w": 3, "s": 1}, samples_per_step=3, tasks=(
@@ -305,7 +307,7 @@ def test_compute_and_transfer_overlap():
         Transfer(name="t", src="w", dst="s", bytes_per_flow=GBIT10 * 0.8, pattern="spread")))
     pred = simulate(g, cluster())
     assert pred.step_time_s == pytest.approx(1.0)
-    assert pred.breakdown["w"] == pytest.approx({"compute_s": 1.0, "comm_s": 0.8})
+    assert pred.breakdown["w"] == pytest.approx({"compute_s": 1.0, "comm_s": 0.8, "compute_work_s": 1.0})
     # with a dependency they add up
     g2 = StepGraph(groups={"w": 1, "s": 1}, samples_per_step=1, tasks=(
         Compute(name="c", group="w", seconds=1.0),
