@@ -17,9 +17,13 @@ step "$LP" plan "$OUT/alexnet.json" --nodes 8 --bandwidth 10Gbit --top 8 -o "$OU
 step "$LP" scale "$OUT/alexnet.json" --strategy ps,allreduce,stanza,ralp --workers 1,2,4,8,16,32 --bandwidth 10Gbit \
     --plot "$OUT/alexnet-scaling.png"
 
-# 3. Plan for this machine (3 ranks sharing its cores) and run the plan for real on torch.distributed.
-step "$LP" plan alexnet_cifar --cluster local-cpu --nodes 3 --shared-cores "$(nproc)" --batch-size 16 \
+# 3. Calibrate this machine (its FLOP/s, alexnet_cifar's layers timed, loopback's rate and CPU cost),
+#    plan for it (3 ranks sharing its cores) and run the plan for real on torch.distributed:
+#    measured against predicted.
+step "$LP" calibrate --quick --repeats 2 --profile alexnet_cifar --profile-batches 16,32 -o "$OUT/here.yaml"
+step "$LP" plan alexnet_cifar --cluster "$OUT/here.yaml" --nodes 3 --batch-size 16 \
     --strategies ps,allreduce,stanza,ralp --top 6 -o "$OUT/local-plan.json"
-step "$LP" train --plan "$OUT/local-plan.json" --steps 12 --data digits --metrics-out "$OUT/local-measured.json"
+step "$LP" train --plan "$OUT/local-plan.json" --cluster "$OUT/here.yaml" --steps 12 --data digits \
+    --metrics-out "$OUT/local-measured.json"
 echo
 echo "plots, plans and measurements are in $OUT/"
