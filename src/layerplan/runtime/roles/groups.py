@@ -93,6 +93,19 @@ class Arrivals:
         return group, payload
 
 
+class _Sends:
+    """A server's sends to each group, in flight until reaped: a server waits for them only when the
+    group's next message shows they arrived, never as a barrier between steps (which would hold
+    every group back to the slowest's transfers and keep them in lockstep)."""
+
+    pending: list[list]
+
+    def _reap(self, j: int) -> None:
+        """Wait for (once: gloo counts each wait as one completion) and forget group j's sends."""
+        sends, self.pending[j] = self.pending[j], []
+        self.wait([w for w, _ in sends])
+
+
 class ConvMachine(RoleBase):
     def __init__(self, ctx, split):
         super().__init__(ctx)
@@ -126,7 +139,7 @@ class ConvMachine(RoleBase):
         pass
 
 
-class FcServer(RoleBase):
+class FcServer(_Sends, RoleBase):
     def __init__(self, ctx, split, act):
         super().__init__(ctx)
         self.tail = split.tail.to(ctx.device)
@@ -139,6 +152,7 @@ class FcServer(RoleBase):
         self.arrivals = Arrivals(ctx.spec.timeout_s)
         self.updates: list[dict] = []
         self.meter.extra["group_updates"] = self.updates
+        self.pending: list[list] = [[] for _ in self.groups]  # each group's gradient sends in flight
         self._started = False
 
     def _expect(self, j: int) -> None:
@@ -159,12 +173,13 @@ class FcServer(RoleBase):
             self._started = True
             for j in range(len(self.groups)):
                 self._expect(j)
-        sends = []
         for _ in range(len(self.groups)):
             with self.meter.comm():
                 j, bufs = self.arrivals.next()
             for buf in bufs:
                 self.meter.recv(buf)
+            # group j's last gradients have arrived (it sent this batch after them): done at once
+            self._reap(j)
             it = self.next_iter[j]
             ranks = self.groups[j]
             with self.meter.compute():
@@ -174,7 +189,7 @@ class FcServer(RoleBase):
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 slices = [g.contiguous() for g in a.grad.split(self.b)]
-            sends += [(self.isend(g, r, tag(it, GRAD)), g) for g, r in zip(slices, ranks)]
+            self.pending[j] = [(self.isend(g, r, tag(it, GRAD)), g) for g, r in zip(slices, ranks)]
             with self.meter.compute():
                 self.opt.step()
             self.next_iter[j] += 1
@@ -183,7 +198,9 @@ class FcServer(RoleBase):
             value = loss.item()
             self.updates.append({"order": len(self.updates), "group": j, "iteration": it, "loss": value})
             self.meter.step_loss(it, value / len(self.groups))
-        self.wait([w for w, _ in sends])
+        if s == self.ctx.spec.steps - 1:  # no barrier between steps: the groups stay asynchronous
+            for j in range(len(self.groups)):
+                self._reap(j)
 
     def state_dict(self) -> dict:
         return {"tail": self.tail.state_dict(), "opt": self.opt.state_dict()}
@@ -196,7 +213,7 @@ class FcServer(RoleBase):
         return {k: v.detach().cpu() for k, v in self.tail.named_parameters()}
 
 
-class ConvModelServer(RoleBase):
+class ConvModelServer(_Sends, RoleBase):
     def __init__(self, ctx, split):
         import torch
 
@@ -211,30 +228,32 @@ class ConvModelServer(RoleBase):
         self.pulled_at = [0] * len(self.groups)  # version each group's current pull carried
         self.arrivals = Arrivals(ctx.spec.timeout_s)
         self.staleness: list[dict] = []
+        self.pending: list[list] = [[] for _ in self.groups]  # each group's model sends in flight
         self._started = False
         ctx.module = None  # the server keeps the flat conv model only
 
-    def _send_model(self, j: int, sends: list) -> None:
+    def _send_model(self, j: int) -> None:
         import torch
         import torch.distributed as dist
 
         snapshot = self.w.detach().clone()  # the model keeps changing while the sends are in flight
         it = self.next_iter[j]
-        sends += [(dist.isend(snapshot, dst=r, tag=tag(it, PULL)), snapshot) for r in self.groups[j]]
+        self.pending[j] = [(dist.isend(snapshot, dst=r, tag=tag(it, PULL)), snapshot) for r in self.groups[j]]
         self.pulled_at[j] = self.version
         bufs = [torch.empty_like(snapshot) for _ in self.groups[j]]
         works = [dist.irecv(buf, src=r, tag=tag(it, PUSH)) for buf, r in zip(bufs, self.groups[j])]
         self.arrivals.expect(j, works, bufs)
 
     def step(self, s: int) -> None:
-        sends: list = []
         if not self._started:
             self._started = True
             for j in range(len(self.groups)):
-                self._send_model(j, sends)
+                self._send_model(j)
         for _ in range(len(self.groups)):
             with self.meter.comm():
                 j, bufs = self.arrivals.next()
+            # group j pushed after receiving its last pull: those sends are done at once
+            self._reap(j)
             for buf in bufs:  # this update's bytes: the pull that fed it and its push (module docstring)
                 self.meter.sent(buf)
                 self.meter.recv(buf)
@@ -249,9 +268,10 @@ class ConvModelServer(RoleBase):
             self.version += 1
             self.next_iter[j] += 1
             if self.next_iter[j] < self.ctx.spec.steps:
-                self._send_model(j, sends)
-        self.wait([w for w, _ in sends])
-        if s == self.ctx.spec.steps - 1:
+                self._send_model(j)
+        if s == self.ctx.spec.steps - 1:  # no barrier between steps: the groups stay asynchronous
+            for j in range(len(self.groups)):
+                self._reap(j)
             self.meter.extra["staleness"] = staleness_summary(self.staleness, len(self.groups))
 
     def state_dict(self) -> dict:
