@@ -83,3 +83,18 @@ def test_tune_runs_every_trial_in_one_session_and_compares_sync_and_async(capsys
     for r in runs.values():
         assert r["steps"] == 4 and 0 < r["time_to_target_s"] <= r["wall_s"]  # loss 100: reached at once
     assert doc["overhead"] == pytest.approx(doc["tuning_s"] / runs["chosen"]["time_to_target_s"])
+
+
+def test_run_summary_flags_a_run_that_ends_no_better_than_it_began():
+    from layerplan.runtime.tune import run_summary
+
+    def m(loss):
+        return {"loss": loss, "step_time_s": 0.01, "step_times_s": [0.01] * len(loss)}
+
+    collapsed = run_summary(m([2.3, 1.0, 0.01, 0.02, 2.31, 2.32, 2.33]), 0.05, "chosen", 2, 0.9, 0.1, 1.0)
+    assert collapsed["diverged"] and collapsed["min_loss"] == 0.01 and collapsed["min_loss_step"] == 2
+    assert collapsed["time_to_target_s"] is None or collapsed["time_to_target_s"] > 0
+    fine = run_summary(m([2.3, 1.0, 0.5, 0.2, 0.1, 0.05, 0.04]), 0.05, "chosen", 2, 0.6, 0.1, 1.0)
+    assert not fine["diverged"] and fine["min_loss_step"] == 6
+    nan = run_summary(m([2.3, 1.0, math.nan, math.nan, math.nan]), None, "chosen", 1, 0.9, 0.1, 1.0)
+    assert nan["diverged"] and nan["min_loss"] == 1.0

@@ -75,8 +75,15 @@ def best_for(trials, groups: int):
 def run_summary(m: dict, target: float | None, label: str, g: int, mu: float, lr: float, wall_s: float) -> dict:
     from layerplan.plan.tune import time_to_target
 
-    return {"label": label, "groups": g, "momentum": mu, "lr": lr, "steps": len(m["loss"]), "loss": final_loss(m),
-            "first_loss": m["loss"][0], "step_time_s": m["step_time_s"], "wall_s": wall_s,
+    seen = [(x, i) for i, x in enumerate(m["loss"]) if x is not None and math.isfinite(x)]
+    best, best_step = min(seen) if seen else (None, None)
+    last = final_loss(m)
+    return {"label": label, "groups": g, "momentum": mu, "lr": lr, "steps": len(m["loss"]), "loss": last,
+            "first_loss": m["loss"][0], "min_loss": best, "min_loss_step": best_step,
+            # the run ended no better than it began: (g, µ, η) won the short trials but diverges over a long
+            # run (e.g. µ = 0.9, η = 0.1 on digits collapses to chance after ~200 synchronous steps)
+            "diverged": not math.isfinite(last) or (m["loss"][0] is not None and last >= m["loss"][0]),
+            "step_time_s": m["step_time_s"], "wall_s": wall_s,
             "staleness_mean": (m.get("staleness") or {}).get("mean"),
             "time_to_target_s": None if target is None else time_to_target(m["loss"], m["step_times_s"], target,
                                                                                  TARGET_WINDOW)}
@@ -163,6 +170,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 f"{row['loss']:.4f}, step {units.format_seconds(row['step_time_s'])}"
                 + ("" if args.target_loss is None else
                    f", to loss {args.target_loss:g}: " + (units.format_seconds(ttt) if ttt is not None else "not reached")))
+            if row["diverged"]:
+                low = ("" if row["min_loss"] is None else
+                       f" (lowest {row['min_loss']:.4f} at iteration {row['min_loss_step']})")
+                say(f"    ! its loss ended no lower than it began{low}: η = {lr:g} with µ = {mu:g} at g = {g} "
+                    "diverges over a long run, which short trials cannot see; a lower learning rate "
+                    "(or a run of at most the iterations before the low point) avoids it")
     finally:
         sessions[-1].close()
     chosen = state["runs"][0]
