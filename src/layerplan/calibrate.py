@@ -682,6 +682,17 @@ def _emit(**msg) -> None:
     sys.stdout.flush()
 
 
+def _per_call_s(fn, min_iters: int, window_s: float) -> float:
+    """Seconds per call of ``fn``: called at least ``min_iters`` times and for at least ``window_s``."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        elapsed_s = time.perf_counter() - t0
+        if n >= min_iters and elapsed_s >= window_s:
+            return elapsed_s / n
+
+
 def _bench_layers(nets: Sequence[str], batches: Sequence[int]) -> list[dict]:
     """Every distinct Conv2d / Linear of ``nets`` (input shape included), with its multiplicity."""
     import torch
@@ -791,14 +802,7 @@ def _compute_worker(cfg: dict) -> None:
             return
         times = {}
         for key, step in steps.items():  # a time window per layer keeps concurrent processes in step
-            n, t0 = 0, time.perf_counter()
-            while True:
-                step()
-                n += 1
-                el = time.perf_counter() - t0
-                if n >= cfg["min_iters"] and el >= cfg["window_s"]:
-                    break
-            times[key] = el / n
+            times[key] = _per_call_s(step, cfg["min_iters"], cfg["window_s"])
         _emit(event="repeat", rep=rep, time_s=times)
     _emit(event="done")
 
@@ -915,17 +919,7 @@ def _profile_worker(cfg: dict) -> None:
     _emit(event="ready", layers=len(seen))
 
     def window(fn) -> float:
-        best = math.inf
-        for _ in range(cfg["repeats"]):
-            n, t0 = 0, time.perf_counter()
-            while True:
-                fn()
-                n += 1
-                el = time.perf_counter() - t0
-                if n >= cfg["min_iters"] and el >= cfg["window_s"]:
-                    break
-            best = min(best, el / n)
-        return best
+        return min(_per_call_s(fn, cfg["min_iters"], cfg["window_s"]) for _ in range(cfg["repeats"]))
 
     for key, it in seen.items():
         mod = it["module"]

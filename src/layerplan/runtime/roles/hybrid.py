@@ -55,6 +55,7 @@ the CONV workers, (n_f−1)/n_f·G·X per all-gather or reduce-scatter of X valu
 from __future__ import annotations
 
 from layerplan.runtime.roles import RoleBase, flat_grads, set_grads
+from layerplan.runtime.roles.stanza import groups  # the same CONV and FC process groups
 
 ACT, GRAD, LOGITS_FWD, LOGITS_BWD = 0, 1, 2, 3
 PHASES = 64
@@ -71,17 +72,6 @@ def fwd_phase(block: int) -> int:
 
 def bwd_phase(block: int) -> int:
     return 5 + 2 * block
-
-
-def groups(ctx):
-    """(CONV group, FC group), created on every rank in the same order."""
-    import torch.distributed as dist
-
-    conv = [r for r, role in ctx.roles.items() if role.kind == "conv_worker"]
-    fc = [r for r, role in ctx.roles.items() if role.kind == "fc_worker"]
-    g_conv = dist.new_group(conv) if len(conv) > 1 else None
-    g_fc = dist.new_group(fc) if len(fc) > 1 else None
-    return g_conv, g_fc
 
 
 class ConvWorker(RoleBase):
