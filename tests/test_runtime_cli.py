@@ -53,7 +53,9 @@ def test_train_on_torchrun_writes_spec_and_prints_the_command(capsys, tmp_path):
     (["debug", "--strategy", "groups", "--workers", "4", "--groups", "3"], "3 groups do not divide 4 conv machines"),
     (["debug", "--strategy", "groups", "--workers", "4"], "give --groups"),
     (["nin", "--strategy", "groups", "--groups", "1"], "groups needs an FC phase"),
-    (["debug", "--strategy", "groups", "--groups", "1", "--checkpoint-dir", "/tmp/x"], "checkpoints are not supported"),
+    (["debug", "--strategy", "groups", "--groups", "1", "--checkpoint-dir", "/tmp/x", "--checkpoint-every", "2"],
+     "only after the last step"),
+    (["debug", "--strategy", "groups", "--groups", "1", "--init-from", "/nonexistent/ck"], "nothing to start from"),
     (["debug", "--strategy", "ps", "--groups", "2"], "--groups does not apply to ps"),
 
     (["debug", "--strategy", "ps", "--workers", "100"], "more than makes sense"),

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from layerplan.runtime import checkpoint
 from layerplan.runtime.launch import RunError, launch_local
 from layerplan.runtime.layout import feature_slices, layout, ps_shards
 from layerplan.runtime.model import hybrid_phase, resolve, split_layer
@@ -390,6 +391,29 @@ def test_groups_run_asynchronously_and_report_staleness(tmp_path):
     check_groups_bytes(spec, m)
     with pytest.raises(Exception, match="no single-process reference"):
         reference_run(spec)
+
+
+def test_groups_resume_is_exact_and_init_from_applies_the_new_hyperparameters(tmp_path):
+    """A groups checkpoint after the last step is a consistent cut: resuming g = 1 equals an
+    uninterrupted run; ``init_from`` (tune's trials) continues it with other groups, lr and momentum."""
+    ck = str(tmp_path / "ck")
+    first = make_spec(tmp_path, "debug", "groups", {"machines": 2, "groups": 1}, 3, steps=3, checkpoint_dir=ck)
+    launch_local(first, start="fork")
+    launch_local(first.replace(steps=6, resume=True, params_out=str(tmp_path / "a")), start="fork")
+    launch_local(first.replace(steps=6, checkpoint_dir=None, params_out=str(tmp_path / "b")), start="fork")
+    a, b = load_params(tmp_path / "a"), load_params(tmp_path / "b")
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    trial = first.replace(config={"machines": 2, "groups": 2}, lr=0.005, momentum=0.3, steps=8,
+                          checkpoint_dir=str(tmp_path / "trial"), init_from=ck, params_out=None)
+    m = launch_local(trial, start="fork")  # ck holds the resumed run's step 6
+    assert m["steps"] == [6, 7] and m["staleness"]["groups"] == 2 and m["staleness"]["updates"] == 4
+    info = checkpoint.latest(tmp_path / "trial")
+    assert info["step"] == 8
+    for rank in (2, 3):  # the FC server and the conv model server: this run's lr and momentum, not the saved
+        state = torch.load(tmp_path / "trial" / info["dir"] / f"ckpt-rank{rank}.pt", weights_only=False)
+        assert [(g["lr"], g["momentum"]) for g in state["role"]["opt"]["param_groups"]] == [(0.005, 0.3)]
 
 
 def test_a_session_runs_many_specs_on_the_same_ranks_exactly_as_launches_do(tmp_path):

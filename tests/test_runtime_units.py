@@ -72,8 +72,10 @@ def test_runspec_from_dict_is_strict(change, words):
     ({"strategy": "groups", "config": {"machines": 4}}, ConfigError, "needs 'groups'"),
     ({"strategy": "groups", "config": {"machines": 2, "groups": 1, "pipelined": True}}, ConfigError,
      "pipelined runs .* not implemented"),
-    ({"strategy": "groups", "config": {"machines": 2, "groups": 1}, "checkpoint_dir": "/tmp/x"}, ConfigError,
-     "checkpoints are not supported"),
+    ({"strategy": "groups", "config": {"machines": 2, "groups": 1}, "checkpoint_dir": "/tmp/x",
+      "checkpoint_every": 2}, ConfigError, "only after the last step"),
+    ({"checkpoint_dir": "/tmp/x", "resume": True, "init_from": "/tmp/y"}, SpecError, "set one of them"),
+    ({"init_from": ""}, SpecError, "init_from"),
 ])
 def test_runspec_rejects_bad_values(kw, err, words):
     with pytest.raises(err, match=words):
@@ -375,6 +377,23 @@ def test_resume_checks(tmp_path):
     with pytest.raises(ConfigError, match="nothing to do"):
         checkpoint.check_resume(s.replace(steps=4), 3)
     assert isinstance(ConfigError("x"), LayerplanError)
+
+
+def test_init_from_checks_allow_another_config_but_not_other_roles(tmp_path):
+    src = spec(strategy="groups", config={"machines": 2, "groups": 1}, steps=3)
+    kinds = [r.kind for _, r in sorted(layout(src).items())]
+    checkpoint.atomic_write_json(tmp_path / "latest.json", {"step": 3, "dir": "step-00000003", "world_size": 4,
+                                                            "kinds": kinds, "spec": src.to_dict()})
+    other = src.replace(config={"machines": 2, "groups": 2}, steps=6, lr=0.5, momentum=0.3, init_from=str(tmp_path))
+    assert checkpoint.check_resume(other, 4, layout(other))["step"] == 3  # groups, lr and momentum may change
+    with pytest.raises(ConfigError, match="different config"):  # resume keeps the config
+        checkpoint.check_resume(other.replace(init_from=None, checkpoint_dir=str(tmp_path), resume=True), 4)
+    with pytest.raises(ConfigError, match="other roles"):
+        checkpoint.atomic_write_json(tmp_path / "latest.json", {"step": 3, "dir": "step-00000003", "world_size": 4,
+                                                                "kinds": kinds[::-1], "spec": src.to_dict()})
+        checkpoint.check_resume(other, 4, layout(other))
+    with pytest.raises(ConfigError, match="nothing to start from"):
+        checkpoint.check_resume(other.replace(init_from=str(tmp_path / "none")), 4)
 
 
 # ---- split on the zoo (layer names from netspec.analyze) -------------------------------------

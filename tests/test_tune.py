@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from layerplan.plan.tune import COLD_LRS, next_groups, time_to_target, tune
+from layerplan.plan.tune import COLD_LRS, epoch_diverged, next_groups, optimize, time_to_target, tune
 
 
 def test_cold_start_climbs_until_worse_then_grid_picks_the_lowest_loss():
@@ -44,6 +44,88 @@ def test_diverged_trials_lose_and_the_budget_stops_the_search():
     assert len(r.trials) == 1 and r.stopped and r.to_dict()["trials"][0]["phase"] == "cold-start"
 
 
+class FakeRunner:
+    """A model whose state is its loss: a trial or an epoch multiplies it by a factor of (g, µ, η);
+    η = 0.1 trains well for a trial but collapses to chance over an epoch (as on digits)."""
+
+    def __init__(self, target=0.05, max_epochs=6):
+        self.w, self.first_loss, self.target, self.max_epochs = 2.3, 2.3, target, max_epochs
+        self.kept, self.pending, self.log, self.epochs = {}, None, [], 0
+
+    @property
+    def current_loss(self):
+        return self.w
+
+    def factor(self, g, mu, lr):
+        return 0.5 + abs(mu - {1: 0.9, 2: 0.6, 4: 0.3}[g]) + abs(math.log10(lr) + 1) * 0.1 + 0.01 * (4 - g)
+
+    def trial(self, g, mu, lr):
+        loss = self.w * self.factor(g, mu, lr)
+        self.kept[len(self.kept)] = loss
+        return loss
+
+    def adopt(self, t):
+        self.w = self.kept[t.index]
+        self.log.append(("adopt", t.phase, t.groups, t.momentum, t.lr))
+
+    def train(self, g, mu, lr):
+        self.epochs += 1
+        if lr >= 0.1:
+            self.pending = 2.3
+            return [self.w, self.w * 2, 2.3, 2.3]
+        self.pending = self.w * self.factor(g, mu, lr) ** 3
+        return [self.w, self.pending]
+
+    def commit(self):
+        self.w = self.pending
+        self.log.append(("commit", self.w))
+
+    def rollback(self):
+        self.log.append(("rollback", self.w))
+
+    def done(self):
+        return self.w <= self.target or self.epochs >= self.max_epochs
+
+
+def test_optimize_adopts_winning_trials_rolls_back_a_collapse_and_searches_a_lower_lr():
+    r = FakeRunner()
+    res = optimize(r, machines=4, start_groups=4)
+    assert r.log[0][:2] == ("adopt", "cold-start") and r.log[1] == ("adopt", "grid", 4, 0.3, 0.1)
+    assert res.epochs[0].diverged and res.epochs[0].lr == 0.1 and r.log[2][0] == "rollback"
+    assert r.log[3] == ("adopt", "retune", 4, 0.3, 0.01)  # the grid again at η/10, η/100, from the same W
+    assert [e.diverged for e in res.epochs[1:]] == [False] * (len(res.epochs) - 1) and r.w <= r.target
+    assert res.final == (4, 0.3, 0.01) and (res.groups, res.lr) == (4, 0.1) and res.stopped is None
+    assert len([t for t in res.trials if t.phase == "retune"]) == 8 and res.to_dict()["epochs"][0]["diverged"]
+
+
+def test_optimize_retunes_every_k_epochs_and_stops_after_repeated_collapses():
+    r = FakeRunner(target=1e-9, max_epochs=4)
+    res = optimize(r, machines=4, start_groups=4, cold_lrs=(1e-3, 1e-2), retune_epochs=1)
+    assert [t.phase for t in res.trials].count("retune") == 8 * 3  # after epochs 1, 2, 3 (not after the last)
+    collapsing = FakeRunner()
+    collapsing.train = lambda g, mu, lr: [1.0, 2.3, 2.3]
+    res = optimize(collapsing, machines=2, start_groups=2, max_rollbacks=2)
+    assert len(res.epochs) == 3 and res.stopped == "3 epochs diverged and were rolled back"
+
+
+def test_optimize_with_fixed_groups_never_halves():
+    r = FakeRunner()
+    r.factor = lambda g, mu, lr: 0.5 + mu + abs(math.log10(lr) + 2) * 0.1  # µ = 0 always best: would halve
+    res = optimize(r, machines=4, start_groups=4, fixed_groups=True)
+    assert {t.groups for t in res.trials if t.phase != "cold-start"} == {4} and res.final[0] == 4
+    assert all(e.groups == 4 for e in res.epochs)
+
+
+def test_epoch_diverged_tells_a_collapse_from_noise_near_zero():
+    assert epoch_diverged([0.5] * 10 + [2.3] * 10, first_loss=2.3)
+    assert epoch_diverged([0.5, math.nan], first_loss=2.3)
+    assert not epoch_diverged([0.001] * 10 + [0.004] * 10, first_loss=2.3)  # 4× but near zero
+    assert not epoch_diverged([1.0] * 10 + [1.5] * 10, first_loss=2.3)
+    assert not epoch_diverged([None, None], first_loss=2.3)
+    assert epoch_diverged([0.3] * 20, first_loss=2.3, start_loss=0.1)  # regressed from where W was
+    assert not epoch_diverged([0.15] * 20, first_loss=2.3, start_loss=0.1)
+
+
 def test_next_groups_and_time_to_target():
     assert [next_groups(12, g) for g in (12, 6, 3, 2)] == [6, 3, 1, 1]
     assert next_groups(6, 6) == 3 and next_groups(6, 3) == 1
@@ -56,6 +138,8 @@ def test_next_groups_and_time_to_target():
     (["nin"], "groups needs an FC phase"),
     (["debug", "--on", "emulated"], "local processes only"),
     (["debug", "--budget", "3parsecs"], "unknown time unit"),
+    (["debug", "--workers", "4", "--groups", "3"], "does not divide --workers 4"),
+    (["debug", "--retune-every", "-1"], "--retune-every must be >= 0"),
 ])
 def test_tune_rejects_bad_input_in_one_line(capsys, argv, words):
     from layerplan import cli
@@ -73,7 +157,7 @@ def test_tune_runs_every_trial_in_one_session_and_compares_sync_and_async(capsys
 
     out = tmp_path / "tune.json"
     assert cli.main(["tune", "debug", "--workers", "2", "--trial-steps", "2", "--steps", "4", "--budget", "0s",
-                     "--target-loss", "100", "--out", str(out), "--json"]) == 0
+                     "--target-loss", "1e-6", "--out", str(out), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc == json.loads(out.read_text())
     assert doc["stopped"] and len([t for t in doc["trials"] if t["phase"] == "cold-start"]) == 1
@@ -81,8 +165,10 @@ def test_tune_runs_every_trial_in_one_session_and_compares_sync_and_async(capsys
     assert set(runs) >= {"chosen", "async"} and runs["async"]["groups"] == 2
     assert set(runs) == {"chosen", "sync", "async"} or doc["groups"] == 1
     for r in runs.values():
-        assert r["steps"] == 4 and 0 < r["time_to_target_s"] <= r["wall_s"]  # loss 100: reached at once
-    assert doc["overhead"] == pytest.approx(doc["tuning_s"] / runs["chosen"]["time_to_target_s"])
+        assert r["steps"] == 4 and r["time_to_target_s"] is None and r["wall_s"] > 0  # loss 1e-6: not in 4 steps
+    # budget 0: the one cold-start trial is adopted (2 iterations), one epoch trains the other 2
+    assert doc["trials"][0]["from_step"] == 0 and [e["from_step"] for e in doc["epochs"]] == [2]
+    assert doc["search_s"] == 0 and doc["overhead"] is None  # no losing trial, no rolled-back epoch; no target
 
 
 def test_run_summary_flags_a_run_that_ends_no_better_than_it_began():
@@ -98,3 +184,13 @@ def test_run_summary_flags_a_run_that_ends_no_better_than_it_began():
     assert not fine["diverged"] and fine["min_loss_step"] == 6
     nan = run_summary(m([2.3, 1.0, math.nan, math.nan, math.nan]), None, "chosen", 1, 0.9, 0.1, 1.0)
     assert nan["diverged"] and nan["min_loss"] == 1.0
+
+
+def test_tune_will_not_write_its_model_over_a_non_empty_directory(capsys, tmp_path):
+    from layerplan import cli
+
+    (tmp_path / "something").write_text("kept")
+    rc = cli.main(["tune", "debug", "--checkpoint-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is not an empty directory" in err and err.count("\n") == 1
+    assert (tmp_path / "something").read_text() == "kept"

@@ -10,16 +10,22 @@ learning rate η by short trials.
 Asynchrony adds implicit momentum 1 − 1/g (Theorem 1, ``stats/momentum.py``): when even µ = 0 is
 the best explicit momentum, the implicit part is already too much and g is halved.
 
-Pure: a trial is a callable ``trial(groups, momentum, lr) -> loss`` (the runtime's is a short run on
-digits, ``runtime/tune.py``), so the search is tested without processes.
+``optimize`` is the paper's loop around it: the search from the current model W, W ← the winning
+trial's end state, then epochs of training, each checkpointed; an epoch whose loss collapses is
+rolled back and searched again at a tenth of the learning rate; every E epochs the search may run
+again (the paper: every hour).
+
+Pure: a trial is a callable ``trial(groups, momentum, lr) -> loss`` and the loop drives a ``Runner``
+(the runtime's are short runs of the groups runtime on digits, ``runtime/tune.py``), so the search
+is tested without processes.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, replace
+from typing import Callable, Protocol
 
 MOMENTA = (0.0, 0.3, 0.6, 0.9)  # Omnivore's released optimizer
 COLD_LRS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)  # Omnivore §V-B: 0.1 … 0.00001, tried from low to high
@@ -36,6 +42,8 @@ class Trial:
     loss: float
     """The trial's final loss (lower is better; inf when it diverged)."""
     seconds: float
+    index: int | None = None
+    """Its place in the search's trials."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -50,11 +58,19 @@ class TuneResult:
     tuning_s: float = 0.0
     stopped: str | None = None
     """Why the search stopped early (the time budget), or None."""
+    epochs: list[Epoch] = field(default_factory=list)
+    """``optimize``: the training epochs, rolled back ones included."""
+    final: tuple[int, float, float] | None = None
+    """``optimize``: the (g, µ, η) the run ended with (a rollback or a re-tune may change the first choice)."""
+    wall_s: float = 0.0
 
     def to_dict(self) -> dict:
         return {"groups": self.groups, "momentum": self.momentum, "lr": self.lr, "loss": self.loss,
                 "cold_start_lr": self.cold_start_lr, "start_groups": self.start_groups, "tuning_s": self.tuning_s,
-                "stopped": self.stopped,
+                "stopped": self.stopped, "final": list(self.final) if self.final else None,
+                "epochs": [{"index": e.index, "groups": e.groups, "momentum": e.momentum, "lr": e.lr,
+                            "first_loss": e.first_loss, "last_loss": e.last_loss, "diverged": e.diverged,
+                            "seconds": e.seconds} for e in self.epochs],
                 "trials": [{"phase": t.phase, "groups": t.groups, "momentum": t.momentum, "lr": t.lr,
                             "loss": t.loss if math.isfinite(t.loss) else None, "seconds": t.seconds}
                            for t in self.trials]}
@@ -64,59 +80,212 @@ class _OutOfBudget(Exception):
     pass
 
 
+class Search:
+    """The trials of Algorithm 1, in the order run; ``budget_s`` bounds their wall time (a search
+    that runs out returns the best trial so far)."""
+
+    def __init__(self, trial: Callable[[int, float, float], float], *, momenta: tuple[float, ...] = MOMENTA,
+                 budget_s: float | None = None, progress: Callable[[Trial], None] | None = None):
+        self._trial, self.momenta, self.budget_s, self._progress = trial, momenta, budget_s, progress
+        self.trials: list[Trial] = []
+        self.stopped: str | None = None
+        self.seconds = 0.0
+
+    def run(self, phase: str, g: int, mu: float, lr: float) -> Trial:
+        if self.budget_s is not None and self.trials and self.seconds > self.budget_s:
+            self.stopped = f"time budget of {self.budget_s:g} s spent"
+            raise _OutOfBudget
+        t = time.perf_counter()
+        loss = float(self._trial(g, mu, lr))
+        tr = Trial(phase=phase, groups=g, momentum=mu, lr=lr, loss=loss if math.isfinite(loss) else math.inf,
+                   seconds=time.perf_counter() - t, index=len(self.trials))
+        self.seconds += tr.seconds
+        self.trials.append(tr)
+        if self._progress:
+            self._progress(tr)
+        return tr
+
+    def cold_start(self, cold_lrs: tuple[float, ...] = COLD_LRS) -> Trial:
+        """Synchronous, momentum 0.9, learning rates low → high until the loss gets worse."""
+        cold = None
+        try:
+            for lr in cold_lrs:
+                tr = self.run("cold-start", 1, COLD_MOMENTUM, lr)
+                if cold is not None and not tr.loss < cold.loss:
+                    break
+                cold = tr
+        except _OutOfBudget:
+            pass
+        return cold
+
+    def algorithm1(self, machines: int, g: int, last_lr: float, phase: str = "grid", halve: bool = True) -> Trial | None:
+        """gridSearch(momenta × {last, last/10} | g), halving g while the best momentum is 0 (unless
+        ``halve`` is off: g fixed by the user); None when the budget allowed no trial."""
+        start = len(self.trials)
+
+        def grid(g: int) -> Trial:
+            best = None
+            for lr in (last_lr, last_lr / 10):
+                for mu in self.momenta:
+                    tr = self.run(phase, g, mu, lr)
+                    if best is None or tr.loss < best.loss:
+                        best = tr
+            return best
+
+        try:
+            best = grid(g)
+            while halve and best.momentum == 0 and g > 1:
+                g = next_groups(machines, g)
+                best = grid(g)
+            return best
+        except _OutOfBudget:
+            pool = self.trials[start:]
+            return min(pool, key=lambda t: t.loss) if pool else None
+
+
 def tune(trial: Callable[[int, float, float], float], machines: int, start_groups: int, *,
          momenta: tuple[float, ...] = MOMENTA, cold_lrs: tuple[float, ...] = COLD_LRS,
          budget_s: float | None = None, progress: Callable[[Trial], None] | None = None) -> TuneResult:
-    """Algorithm 1 once (one 'epoch' of the paper's loop); ``budget_s`` bounds the tuning wall time
-    (the best trial so far wins when it runs out)."""
+    """Algorithm 1 once (one 'epoch' of the paper's loop, every trial from the same model);
+    ``budget_s`` bounds the tuning wall time (the best trial so far wins when it runs out)."""
     if machines % start_groups:
         raise ValueError(f"start_groups {start_groups} does not divide {machines}")
     t0 = time.perf_counter()
-    trials: list[Trial] = []
-
-    def run(phase: str, g: int, mu: float, lr: float) -> Trial:
-        if budget_s is not None and trials and time.perf_counter() - t0 > budget_s:
-            raise _OutOfBudget
-        t = time.perf_counter()
-        loss = float(trial(g, mu, lr))
-        tr = Trial(phase=phase, groups=g, momentum=mu, lr=lr, loss=loss if math.isfinite(loss) else math.inf,
-                   seconds=time.perf_counter() - t)
-        trials.append(tr)
-        if progress:
-            progress(tr)
-        return tr
-
-    def grid(g: int, last_lr: float) -> Trial:
-        best = None
-        for lr in (last_lr, last_lr / 10):
-            for mu in momenta:
-                tr = run("grid", g, mu, lr)
-                if best is None or tr.loss < best.loss:
-                    best = tr
-        return best
-
-    cold = None
-    g = start_groups
-    best = None
-    stopped = None
-    try:
-        for lr in cold_lrs:  # cold start: synchronous, low → high, stop when the loss gets worse
-            tr = run("cold-start", 1, COLD_MOMENTUM, lr)
-            if cold is not None and not tr.loss < cold.loss:
-                break
-            cold = tr
-        best = grid(g, cold.lr)
-        while best.momentum == 0 and g > 1:
-            g = next_groups(machines, g)
-            best = grid(g, cold.lr)
-    except _OutOfBudget:
-        stopped = f"time budget of {budget_s:g} s spent"
-    pool = [t for t in trials if t.phase == "grid"] or trials
-    if best is None or stopped:
-        best = min(pool, key=lambda t: t.loss)
+    search = Search(trial, momenta=momenta, budget_s=budget_s, progress=progress)
+    cold = search.cold_start(cold_lrs)
+    best = search.algorithm1(machines, start_groups, cold.lr) if not search.stopped else None
+    if best is None:
+        best = min(search.trials, key=lambda t: t.loss)
     return TuneResult(groups=best.groups, momentum=best.momentum, lr=best.lr, loss=best.loss,
-                      cold_start_lr=cold.lr if cold else best.lr, start_groups=start_groups, trials=trials,
-                      tuning_s=time.perf_counter() - t0, stopped=stopped)
+                      cold_start_lr=cold.lr if cold else best.lr, start_groups=start_groups, trials=search.trials,
+                      tuning_s=time.perf_counter() - t0, stopped=search.stopped)
+
+
+# ---- the paper's loop: search, train an epoch, checkpoint ----------------------------------------
+ROLLBACK_RISE = 2.0
+ROLLBACK_FLOOR = 0.1
+
+
+def epoch_diverged(losses: list[float | None], first_loss: float, start_loss: float | None = None,
+                   window: int = 10) -> bool:
+    """An epoch diverged when its loss ends non-finite, or its last ``window`` steps' mean is at least
+    ROLLBACK_RISE × the loss it started from (``start_loss``, the model's recent loss; default its own
+    first window's) and above ROLLBACK_FLOOR × the run's first loss: a collapse or a lasting
+    regression (e.g. back towards chance), not the noise of small batches near zero loss."""
+    seen = [x for x in losses if x is not None]
+    if not seen:
+        return False
+    if not all(math.isfinite(x) for x in seen):
+        return True
+    w = max(1, min(window, len(seen) // 2))
+    tail = sum(seen[-w:]) / w
+    ref = start_loss if start_loss is not None and math.isfinite(start_loss) else sum(seen[:w]) / w
+    return tail >= ROLLBACK_RISE * ref and tail > ROLLBACK_FLOOR * first_loss
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Epoch:
+    index: int
+    groups: int
+    momentum: float
+    lr: float
+    first_loss: float | None
+    last_loss: float | None
+    diverged: bool
+    seconds: float
+
+
+class Runner(Protocol):
+    """What ``optimize`` drives (``runtime/tune.py``'s runs one on real processes): a current model W
+    (initially the initialisation), trials and epochs that start from it."""
+
+    first_loss: float
+    """The run's first loss (the scale ``epoch_diverged`` compares with); known after the first trial."""
+    current_loss: float | None
+    """W's recent loss: the mean of the kept run's last steps (what an epoch must not double)."""
+
+    def trial(self, groups: int, momentum: float, lr: float) -> float:
+        """A short run from W; its end state is kept aside. Its final loss."""
+
+    def adopt(self, trial: Trial) -> None:
+        """W ← that trial's end state (its iterations become part of the run)."""
+
+    def train(self, groups: int, momentum: float, lr: float) -> list[float | None]:
+        """One epoch from W; its per-step losses. Its end state is pending: commit or roll back."""
+
+    def commit(self) -> None:
+        """W ← the epoch's end state (checkpointed)."""
+
+    def rollback(self) -> None:
+        """Forget the epoch: W stays the last good checkpoint."""
+
+    def done(self) -> bool:
+        """The target loss is reached or the run's iterations are spent."""
+
+
+def optimize(runner: Runner, machines: int, start_groups: int, *, momenta: tuple[float, ...] = MOMENTA,
+             cold_lrs: tuple[float, ...] = COLD_LRS, budget_s: float | None = None, retune_epochs: int = 0,
+             max_rollbacks: int = 3, fixed_groups: bool = False, progress: Callable[[Trial], None] | None = None,
+             on_epoch: Callable[[Epoch], None] | None = None) -> TuneResult:
+    """Omnivore's optimizer as a loop (§V-B, Algorithm 1): the cold start, then the search from the
+    current model, whose winning trial is adopted (its iterations are training, not overhead), then
+    epochs of training, each checkpointed. Every ``retune_epochs`` epochs (0: never) the search runs
+    again from the current model, as the paper does every hour. An epoch that diverged
+    (``epoch_diverged``) is rolled back to the last checkpoint and the search runs again with
+    learning rates a tenth of the diverged one's; after ``max_rollbacks`` the run stops.
+    ``fixed_groups``: g stays ``start_groups`` (momentum and learning rate tuned for it alone)."""
+    if machines % start_groups:
+        raise ValueError(f"start_groups {start_groups} does not divide {machines}")
+    t0 = time.perf_counter()
+    search = Search(runner.trial, momenta=momenta, budget_s=budget_s, progress=progress)
+    cold = search.cold_start(cold_lrs)
+    runner.adopt(cold)
+    halve = not fixed_groups
+    best = search.algorithm1(machines, start_groups, cold.lr, halve=halve)
+    if best is not None:
+        runner.adopt(best)
+    else:  # no budget left for the grid: the cold start's (µ, η), at g when g is fixed
+        best = replace(cold, groups=start_groups) if fixed_groups else cold
+    chosen = best
+    epochs: list[Epoch] = []
+    rollbacks, since, stopped = 0, 0, None
+    while not runner.done():
+        t = time.perf_counter()
+        before = runner.current_loss
+        losses = runner.train(best.groups, best.momentum, best.lr)
+        seen = [x for x in losses if x is not None]
+        ep = Epoch(index=len(epochs), groups=best.groups, momentum=best.momentum, lr=best.lr,
+                   first_loss=seen[0] if seen else None, last_loss=seen[-1] if seen else None,
+                   diverged=epoch_diverged(losses, runner.first_loss, before), seconds=time.perf_counter() - t)
+        epochs.append(ep)
+        if on_epoch:
+            on_epoch(ep)
+        if ep.diverged:
+            runner.rollback()
+            rollbacks += 1
+            if rollbacks > max_rollbacks:
+                stopped = f"{rollbacks} epochs diverged and were rolled back"
+                break
+            found = search.algorithm1(machines, best.groups, best.lr / 10, phase="retune", halve=halve)
+            if found is None:  # no budget left for trials: the same (g, µ), a tenth of the learning rate
+                best = replace(best, lr=best.lr / 10)
+            else:
+                best = found
+                runner.adopt(best)
+            since = 0
+            continue
+        runner.commit()
+        since += 1
+        if retune_epochs and since >= retune_epochs and not runner.done():
+            found = search.algorithm1(machines, best.groups, best.lr, phase="retune", halve=halve)
+            if found is not None:
+                best = found
+                runner.adopt(best)
+            since = 0
+    return TuneResult(groups=chosen.groups, momentum=chosen.momentum, lr=chosen.lr, loss=chosen.loss,
+                      cold_start_lr=cold.lr, start_groups=start_groups, trials=search.trials,
+                      tuning_s=search.seconds, stopped=stopped or search.stopped, epochs=epochs,
+                      final=(best.groups, best.momentum, best.lr), wall_s=time.perf_counter() - t0)
 
 
 def next_groups(machines: int, g: int) -> int:

@@ -109,25 +109,41 @@ def save(spec, rank: int, world: int, steps_done: int, role, sharder, barrier) -
     atomic_torch_save(state, d / f"ckpt-rank{rank}.pt")
     barrier()
     if rank == 0:
+        kinds = [r.kind for _, r in sorted(role.ctx.roles.items())]
         atomic_write_json(root / "latest.json", {"step": steps_done, "dir": d.name, "world_size": world,
-                                                 "time": time.time(), "spec": spec.to_dict()})
+                                                 "kinds": kinds, "time": time.time(), "spec": spec.to_dict()})
         for old in root.glob("step-*"):
             if old.is_dir() and old.name != d.name:
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def check_resume(spec, world: int) -> dict:
-    """latest.json of a checkpoint this spec can continue (ConfigError otherwise)."""
-    info = latest(spec.checkpoint_dir)
+def source(spec) -> str:
+    """The directory a run starts from: init_from, else (resume) its own checkpoint_dir."""
+    return spec.init_from or spec.checkpoint_dir
+
+
+def check_resume(spec, world: int, roles: dict | None = None) -> dict:
+    """latest.json of a checkpoint this spec can continue (ConfigError otherwise). ``init_from`` may
+    change the strategy config (e.g. the groups) as long as every rank keeps its role."""
+    src = source(spec)
+    info = latest(src)
     if info is None:
-        raise ConfigError(f"nothing to resume: no {Path(spec.checkpoint_dir) / 'latest.json'}")
+        raise ConfigError(f"nothing to {'start from' if spec.init_from else 'resume'}: no {Path(src) / 'latest.json'}")
     old = info.get("spec", {})
-    diff = [k for k in COMPATIBLE if old.get(k) != spec.to_dict()[k]]
+    fields = [k for k in COMPATIBLE if not (spec.init_from and k == "config")]
+    diff = [k for k in fields if old.get(k) != spec.to_dict()[k]]
     if diff:
-        raise ConfigError(f"cannot resume {spec.checkpoint_dir}: the checkpoint was written with a different "
-                          f"{', '.join(diff)}")
+        now = spec.to_dict()
+        raise ConfigError(f"cannot {'start from' if spec.init_from else 'resume'} {src}: the checkpoint was "
+                          f"written with a different {', '.join(diff)} ("
+                          + "; ".join(f"{k} {old.get(k)!r} there, {now[k]!r} here" for k in diff) + ")")
     if info.get("world_size") != world:
         raise ConfigError(f"cannot resume: the checkpoint has {info.get('world_size')} ranks, this run {world}")
+    if roles is not None and info.get("kinds") is not None:
+        kinds = [r.kind for _, r in sorted(roles.items())]
+        if info["kinds"] != kinds:
+            raise ConfigError(f"cannot start from {src}: its ranks hold other roles ({', '.join(info['kinds'])}) "
+                              f"than this run's ({', '.join(kinds)})")
     if info["step"] >= spec.steps:
         raise ConfigError(f"the checkpoint is at step {info['step']}; --steps {spec.steps} leaves nothing to do")
     return info
@@ -137,12 +153,13 @@ def load(spec, rank: int, world: int, role) -> int:
     """Restore this rank from the latest checkpoint; returns the steps done."""
     import torch
 
-    info = check_resume(spec, world)
-    path = Path(spec.checkpoint_dir) / info["dir"] / f"ckpt-rank{rank}.pt"
+    info = check_resume(spec, world, role.ctx.roles)
+    path = Path(source(spec)) / info["dir"] / f"ckpt-rank{rank}.pt"
     state = torch.load(path, map_location=role.ctx.device, weights_only=False)
     if state["step"] != info["step"] or state["rank"] != rank:
         raise ConfigError(f"{path}: holds step {state['step']} of rank {state['rank']}, expected step "
                           f"{info['step']} of rank {rank}")
     role.load_state_dict(state["role"])
+    role.resume_at(int(state["step"]))
     torch.set_rng_state(state["rng"].cpu())
     return int(state["step"])

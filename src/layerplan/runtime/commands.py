@@ -89,6 +89,10 @@ def register(subparsers) -> None:
     r.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
                    help="checkpoint every K steps (default: only after the last step)")
     r.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    r.add_argument("--init-from", metavar="D",
+                   help="start from the latest checkpoint in D (another run of the same model, data and ranks) with "
+                        "this run's --lr, --momentum and --groups; --steps counts on from its step (e.g. "
+                        "`tune --checkpoint-dir D` writes D/model)")
     r.add_argument("--spec-out", metavar="FILE", help="also write the run spec (JSON) here")
     r.add_argument("--json", action="store_true", help="print the Measurement as JSON instead of tables")
     COMMANDS["train"] = cmd_train
@@ -190,7 +194,8 @@ def spec_from_args(args: argparse.Namespace):
                    num_classes=args.num_classes, batch_size=args.batch_size, steps=args.steps, lr=args.lr,
                    momentum=args.momentum, weight_decay=args.weight_decay, data=args.data, seed=args.seed,
                    threads_per_rank=args.threads_per_rank, checkpoint_dir=args.checkpoint_dir,
-                   checkpoint_every=args.checkpoint_every, resume=args.resume, metrics_out=args.metrics_out,
+                   checkpoint_every=args.checkpoint_every, resume=args.resume, init_from=args.init_from,
+                   metrics_out=args.metrics_out,
                    timeout_s=args.timeout, deterministic=args.deterministic, backend=args.backend, dtype=args.dtype,
                    progress=not args.json)
 

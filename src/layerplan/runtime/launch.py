@@ -53,8 +53,8 @@ def preflight(spec):
     roles = layout(spec)
     net, _ = model.resolve(spec)
     model.check(spec, net)
-    if spec.resume:
-        checkpoint.check_resume(spec, len(roles))
+    if spec.resume or spec.init_from:
+        checkpoint.check_resume(spec, len(roles), roles)
     return roles, net
 
 
@@ -169,7 +169,8 @@ class Session:
             self._end(clean=False)
             raise
         if warmup:  # connections open on first use (gloo pairs), kernels load: not any run's time
-            self.run(spec.replace(steps=1, warmup_steps=0, checkpoint_dir=None, resume=False, params_out=None))
+            self.run(spec.replace(steps=1, warmup_steps=0, checkpoint_dir=None, resume=False, init_from=None,
+                                  params_out=None))
 
     def run(self, spec) -> dict:
         """Run ``spec`` on the session's ranks; rank 0's Measurement."""
@@ -179,6 +180,11 @@ class Session:
             raise RunError("the session has ended")
         if world_size(spec) != self._world:
             raise ConfigError(f"a session of {self._world} ranks cannot run a layout of {world_size(spec)}")
+        if spec.resume or spec.init_from:
+            from layerplan.runtime import checkpoint
+            from layerplan.runtime.layout import layout
+
+            checkpoint.check_resume(spec, self._world, layout(spec))
         i = self._runs
         self._runs += 1
         out = self.run_dir / f"measurement-{i}.json"

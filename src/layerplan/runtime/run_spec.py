@@ -77,6 +77,11 @@ class RunSpec:
     """Checkpoint after every this many steps (0: only after the last step); needs checkpoint_dir."""
     resume: bool = False
     """Continue from checkpoint_dir/latest.json."""
+    init_from: str | None = None
+    """Start from the latest checkpoint in this directory — its model, momentum buffers and steps
+    done — though it was written with other hyperparameters: this run's lr, momentum, weight decay
+    and strategy config (e.g. groups) apply; model, data, seed, dtype and each rank's role must
+    match. Omnivore's optimizer continues every trial from the current model this way."""
     metrics_out: str | None = None
     """Write the Measurement JSON here (rank 0)."""
     params_out: str | None = None
@@ -132,13 +137,16 @@ class RunSpec:
             raise SpecError("RunSpec: resume needs checkpoint_dir (where the checkpoints are)")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise SpecError("RunSpec: checkpoint_every needs checkpoint_dir")
-        if self.strategy == "groups" and (self.checkpoint_dir or self.resume):
-            raise ConfigError("groups: checkpoints are not supported (asynchronous groups stand at different "
-                              "iterations; there is no consistent cut to save); leave checkpoint_dir unset")
+        if self.resume and self.init_from:
+            raise SpecError("RunSpec: resume continues checkpoint_dir; init_from starts from another run's "
+                            "checkpoint — set one of them")
+        if self.strategy == "groups" and self.checkpoint_every:
+            raise ConfigError("groups: checkpoints only after the last step (checkpoint_every 0): mid-run, the "
+                              "asynchronous groups stand at different iterations and there is no consistent cut")
         for f in ("deterministic", "resume", "progress"):
             if not isinstance(getattr(self, f), bool):
                 raise SpecError(f"RunSpec: {f} must be true or false, got {getattr(self, f)!r}")
-        for f in ("checkpoint_dir", "metrics_out", "params_out"):
+        for f in ("checkpoint_dir", "init_from", "metrics_out", "params_out"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, str) or not v):
                 raise SpecError(f"RunSpec: {f} must be a path or null, got {v!r}")

@@ -71,7 +71,7 @@ def run_rank(spec, rank: int, world: int, run_dir: str | None = None) -> dict | 
                   sharder=sharder, global_batch=gb)
     worker = make_role(ctx)
     del module
-    start = checkpoint.load(spec, rank, world, worker) if spec.resume else 0
+    start = checkpoint.load(spec, rank, world, worker) if spec.resume or spec.init_from else 0
     heartbeat(run_dir, rank, start)
     show = rank == 0 and spec.progress
     with metrics.Progress(show, spec.steps, start, f"{spec.strategy} {spec.model}") as bar:

@@ -63,6 +63,10 @@ class RoleBase(ABC):
     def owned_params(self) -> dict:
         return {}
 
+    def resume_at(self, step: int) -> None:
+        """Called after ``load_state_dict`` with the steps the checkpoint had done (roles that count
+        iterations themselves, as the groups servers do, start there)."""
+
     # ---- helpers -------------------------------------------------------------------------
     def wait(self, works) -> None:
         with self.meter.comm():
@@ -103,6 +107,14 @@ class RoleBase(ABC):
 
         sp = self.ctx.spec
         return torch.optim.SGD(params, lr=sp.lr, momentum=sp.momentum, weight_decay=sp.weight_decay)
+
+    def load_sgd(self, opt, state: dict) -> None:
+        """Restore ``opt``'s state (the momentum buffers) from a checkpoint, keeping this run's learning
+        rate, momentum and weight decay: torch's ``load_state_dict`` would bring back the saved ones."""
+        sp = self.ctx.spec
+        opt.load_state_dict(state)
+        for group in opt.param_groups:
+            group.update(lr=sp.lr, momentum=sp.momentum, weight_decay=sp.weight_decay)
 
 
 def flat_grads(params):

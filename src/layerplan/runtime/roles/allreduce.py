@@ -60,7 +60,7 @@ class Worker(RoleBase):
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["opt"])
+        self.load_sgd(self.opt, state["opt"])
 
     def owned_params(self) -> dict:
         return {k: v.detach().cpu() for k, v in self.model.named_parameters()}

@@ -40,7 +40,12 @@ the bytes of an update in the step that serves it (the conv model server: the pu
 its push; the FC server: the group batch and its gradients), so a server's step — g updates —
 carries exactly one round's bytes, whenever the messages actually moved.
 
-Not run here: pipelining (two batches in flight per group) and checkpoints (RunSpec rejects both).
+Checkpoints: after the last step only (RunSpec rejects ``checkpoint_every``): then every group has
+done every iteration and every message has arrived, a consistent cut — the conv model server's
+model and momentum, the FC server's, each conv machine's BatchNorm statistics. A run that starts
+from one (``resume``, or ``init_from`` with other groups, momentum or learning rate: Omnivore's
+optimizer continues every trial from the current model) starts every group at that iteration.
+Not run here: pipelining (two batches in flight per group).
 """
 
 from __future__ import annotations
@@ -133,10 +138,14 @@ class ConvMachine(RoleBase):
         self.wait([self.isend(g, self.conv_model, tag(s, PUSH))])
 
     def state_dict(self) -> dict:
-        return {}
+        return {"buffers": {k: v.clone() for k, v in self.head.named_buffers()}}  # BatchNorm statistics
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        import torch
+
+        with torch.no_grad():
+            for k, v in self.head.named_buffers():
+                v.copy_(state["buffers"][k])
 
 
 class FcServer(_Sends, RoleBase):
@@ -207,7 +216,10 @@ class FcServer(_Sends, RoleBase):
 
     def load_state_dict(self, state: dict) -> None:
         self.tail.load_state_dict(state["tail"])
-        self.opt.load_state_dict(state["opt"])
+        self.load_sgd(self.opt, state["opt"])
+
+    def resume_at(self, step: int) -> None:
+        self.next_iter = [step] * len(self.groups)
 
     def owned_params(self) -> dict:
         return {k: v.detach().cpu() for k, v in self.tail.named_parameters()}
@@ -282,7 +294,10 @@ class ConvModelServer(_Sends, RoleBase):
 
         with torch.no_grad():
             self.w.copy_(state["w"])
-        self.opt.load_state_dict(state["opt"])
+        self.load_sgd(self.opt, state["opt"])
+
+    def resume_at(self, step: int) -> None:
+        self.next_iter = [step] * len(self.groups)
 
     def owned_params(self) -> dict:
         out, off = {}, 0

@@ -115,7 +115,7 @@ class ConvWorker(RoleBase):
 
     def load_state_dict(self, state: dict) -> None:
         self.head.load_state_dict(state["head"])
-        self.opt.load_state_dict(state["opt"])
+        self.load_sgd(self.opt, state["opt"])
 
     def owned_params(self) -> dict:
         return {k: v.detach().cpu() for k, v in self.head.named_parameters()}
@@ -362,7 +362,7 @@ class FcMachine(RoleBase):
     def load_state_dict(self, state: dict) -> None:
         for b, sd in zip(self.blocks, state["blocks"]):
             b.piece.load_state_dict(sd)
-        self.opt.load_state_dict(state["opt"])
+        self.load_sgd(self.opt, state["opt"])
 
     def owned_params(self) -> dict:
         out = {}

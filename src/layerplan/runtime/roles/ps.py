@@ -97,7 +97,7 @@ class Server(RoleBase):
             raise ValueError(f"checkpoint shard {state['range']} != this server's {(self.a, self.b)}")
         with torch.no_grad():
             self.shard.copy_(state["shard"])
-        self.opt.load_state_dict(state["opt"])
+        self.load_sgd(self.opt, state["opt"])
 
 
 def _n_servers(ctx) -> int:

@@ -123,7 +123,7 @@ class PsWorker(RoleBase):
     def load_state_dict(self, state: dict) -> None:
         self.head.load_state_dict(state["head"])
         self.tail.load_state_dict(state["tail"])
-        self.opt.load_state_dict(state["opt"])
+        self.load_sgd(self.opt, state["opt"])
 
     def owned_params(self) -> dict:
         d = {k: v.detach().cpu() for k, v in self.head.named_parameters()}

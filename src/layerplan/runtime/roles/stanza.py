@@ -97,7 +97,7 @@ class ConvWorker(RoleBase):
 
     def load_state_dict(self, state: dict) -> None:
         self.head.load_state_dict(state["head"])
-        self.opt.load_state_dict(state["opt"])
+        self.load_sgd(self.opt, state["opt"])
         self.fc_backup = state.get("fc_backup")
 
     def owned_params(self) -> dict:
@@ -155,7 +155,7 @@ class FcWorker(RoleBase):
 
     def load_state_dict(self, state: dict) -> None:
         self.tail.load_state_dict(state["tail"])
-        self.opt.load_state_dict(state["opt"])
+        self.load_sgd(self.opt, state["opt"])
 
     def owned_params(self) -> dict:
         return {k: v.detach().cpu() for k, v in self.tail.named_parameters()}
