@@ -227,10 +227,11 @@ class _Procs:
             self.pending = later + self.pending
         return got
 
-    def send(self, text: str) -> None:
-        for p in self.procs:
-            p.stdin.write(text + "\n")
-            p.stdin.flush()
+    def send(self, text: str, who: Iterable[int] | None = None) -> None:
+        """A line to every process (or to those in ``who``)."""
+        for i in range(len(self.procs)) if who is None else who:
+            self.procs[i].stdin.write(text + "\n")
+            self.procs[i].stdin.flush()
 
     def _last_line(self, i: int) -> str:
         try:
@@ -271,23 +272,29 @@ def _base_env() -> dict:
 
 
 def _run_compute(processes: int, cfg: dict, log_dir: Path, advance
-                 ) -> tuple[list[dict], list[list[dict[str, float]]], float]:
-    """Layers, per repeat each process's seconds per forward+backward by layer key, and the first
-    process's update memory bandwidth. All processes start each repeat together (a "go" line), so
-    they really share the cores."""
+                 ) -> tuple[list[dict], list[list[dict[str, float]]], list[list[dict[str, float]]], float]:
+    """Layers; per repeat, process 0's seconds per forward+backward by layer key alone, then every
+    process's with all running at once; process 0's update memory bandwidth. Alone and shared
+    alternate repeat by repeat on the same processes, so a drift of the machine's speed (which
+    moves both) does not pass for contention; all processes start a shared repeat together (a
+    "go" line), so they really share the cores."""
     procs = _Procs([_worker_argv("compute", cfg)] * processes, [_base_env()] * processes, log_dir)
     try:
         ready = procs.expect("ready", processes)
         layers = ready[0]["layers"]
         update_bw = ready[0]["update_bytes_per_s"]
-        reps = []
+        alone, shared = [], []
         for _ in range(cfg["repeats"]):
+            procs.send("go", [0])
+            alone.append([procs.expect("repeat", [0])[0]["time_s"]])
+            advance()
             procs.send("go")
             got = procs.expect("repeat", processes)
-            reps.append([got[i]["time_s"] for i in range(processes)])
+            shared.append([got[i]["time_s"] for i in range(processes)])
             advance()
+        procs.send("stop")
         procs.expect("done", processes)
-        return layers, reps, update_bw
+        return layers, alone, shared, update_bw
     finally:
         procs.close()
 
@@ -324,10 +331,8 @@ def measure_compute(repeats: int = 3, quick: bool = False, *, cfg: dict | None =
 
 
 def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
-    for sub in ("compute-1", f"compute-{cores}"):
-        (log_dir / sub).mkdir(exist_ok=True)
-    layers, alone, update_bw = _run_compute(1, cfg, log_dir / "compute-1", advance)
-    _, shared, _ = _run_compute(cores, cfg, log_dir / f"compute-{cores}", advance)
+    (log_dir / "compute").mkdir(exist_ok=True)
+    layers, alone, shared, update_bw = _run_compute(cores, cfg, log_dir / "compute", advance)
     # the memory terms of the fit (PALEO §3.1.1 R, W) at this machine's measured bandwidth
     device = replace(hardware.DEVICES[DEVICE_PRESET], mem_bandwidth_bytes_per_s=update_bw)
     per_thread = [_flops_per_s(layers, rep[0]) for rep in alone]
@@ -797,13 +802,13 @@ def _compute_worker(cfg: dict) -> None:
                        "flops": total, "param_bytes": pbytes, "in_bytes": math.prod(it["in_shape"]) * 4,
                        "out_bytes": math.prod(it["out_shape"]) * 4})
     _emit(event="ready", layers=layers, update_bytes_per_s=_update_bytes_per_s())
-    for rep in range(cfg["repeats"]):
-        if sys.stdin.readline().strip() != "go":
-            return
+    rep = 0
+    while sys.stdin.readline().strip() == "go":  # alone or with the others, as the parent says; "stop" ends
         times = {}
         for key, step in steps.items():  # a time window per layer keeps concurrent processes in step
             times[key] = _per_call_s(step, cfg["min_iters"], cfg["window_s"])
         _emit(event="repeat", rep=rep, time_s=times)
+        rep += 1
     _emit(event="done")
 
 
