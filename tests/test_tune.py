@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from layerplan.plan.tune import COLD_LRS, epoch_diverged, next_groups, optimize, time_to_target, tune
+from layerplan.plan.tune import COLD_LRS, Search, epoch_diverged, next_groups, optimize, time_to_target
 
 
 def test_cold_start_climbs_until_worse_then_grid_picks_the_lowest_loss():
@@ -18,11 +18,13 @@ def test_cold_start_climbs_until_worse_then_grid_picks_the_lowest_loss():
             return {1e-5: 2.0, 1e-4: 1.5, 1e-3: 1.0, 1e-2: 1.2}.get(lr, 9.0)
         return abs(mu - 0.3) + (0 if lr == 1e-3 else 0.5)  # at g = 4: µ = 0.3, η = last wins
 
-    r = tune(trial, machines=4, start_groups=4)
-    cold = [c for c in calls if c[0] == 1]
-    assert cold == [(1, 0.9, lr) for lr in COLD_LRS[:4]]  # stopped at 1e-2 (worse than 1e-3)
-    assert (r.groups, r.momentum, r.lr, r.cold_start_lr) == (4, 0.3, 1e-3, 1e-3)
-    assert len([t for t in r.trials if t.phase == "grid"]) == 8 and r.stopped is None
+    s = Search(trial)
+    cold = s.cold_start()
+    assert calls == [(1, 0.9, lr) for lr in COLD_LRS[:4]]  # stopped at 1e-2 (worse than 1e-3)
+    best = s.algorithm1(machines=4, g=4, last_lr=cold.lr)
+    assert (best.groups, best.momentum, best.lr, cold.lr) == (4, 0.3, 1e-3, 1e-3)
+    assert len([t for t in s.trials if t.phase == "grid"]) == 8 and s.stopped is None
+    assert [t.index for t in s.trials] == list(range(len(s.trials)))
 
 
 def test_groups_are_halved_while_the_best_momentum_is_zero():
@@ -32,16 +34,19 @@ def test_groups_are_halved_while_the_best_momentum_is_zero():
         best_mu = {8: 0.0, 4: 0.0, 2: 0.6}.get(g, 0.9)  # too much implicit momentum until g = 2
         return abs(mu - best_mu) + (0.0 if lr == 0.1 else 0.2) + g * 1e-3
 
-    r = tune(trial, machines=8, start_groups=8)
-    assert [t.groups for t in r.trials if t.phase == "grid"] == [8] * 8 + [4] * 8 + [2] * 8
-    assert (r.groups, r.momentum, r.lr) == (2, 0.6, 0.1)
+    s = Search(trial)
+    best = s.algorithm1(machines=8, g=8, last_lr=s.cold_start().lr)
+    assert [t.groups for t in s.trials if t.phase == "grid"] == [8] * 8 + [4] * 8 + [2] * 8
+    assert (best.groups, best.momentum, best.lr) == (2, 0.6, 0.1)
 
 
 def test_diverged_trials_lose_and_the_budget_stops_the_search():
-    r = tune(lambda g, mu, lr: math.nan if lr > 1e-3 else 1.0 - lr, machines=2, start_groups=2)
-    assert r.cold_start_lr == 1e-3 and all(t.loss == math.inf for t in r.trials if t.lr > 1e-3)
-    r = tune(lambda g, mu, lr: 1.0, machines=2, start_groups=2, budget_s=0.0)
-    assert len(r.trials) == 1 and r.stopped and r.to_dict()["trials"][0]["phase"] == "cold-start"
+    s = Search(lambda g, mu, lr: math.nan if lr > 1e-3 else 1.0 - lr)
+    s.algorithm1(machines=2, g=2, last_lr=s.cold_start().lr)
+    assert s.trials[2].lr == 1e-3 and all(t.loss == math.inf for t in s.trials if t.lr > 1e-3)
+    s = Search(lambda g, mu, lr: 1.0, budget_s=0.0)
+    assert s.cold_start().phase == "cold-start" and s.algorithm1(machines=2, g=2, last_lr=0.1) is None
+    assert len(s.trials) == 1 and s.stopped == "time budget of 0 s spent"
 
 
 class FakeRunner:

@@ -62,7 +62,6 @@ class TuneResult:
     """``optimize``: the training epochs, rolled back ones included."""
     final: tuple[int, float, float] | None = None
     """``optimize``: the (g, µ, η) the run ended with (a rollback or a re-tune may change the first choice)."""
-    wall_s: float = 0.0
 
     def to_dict(self) -> dict:
         return {"groups": self.groups, "momentum": self.momentum, "lr": self.lr, "loss": self.loss,
@@ -143,24 +142,6 @@ class Search:
             return min(pool, key=lambda t: t.loss) if pool else None
 
 
-def tune(trial: Callable[[int, float, float], float], machines: int, start_groups: int, *,
-         momenta: tuple[float, ...] = MOMENTA, cold_lrs: tuple[float, ...] = COLD_LRS,
-         budget_s: float | None = None, progress: Callable[[Trial], None] | None = None) -> TuneResult:
-    """Algorithm 1 once (one 'epoch' of the paper's loop, every trial from the same model);
-    ``budget_s`` bounds the tuning wall time (the best trial so far wins when it runs out)."""
-    if machines % start_groups:
-        raise ValueError(f"start_groups {start_groups} does not divide {machines}")
-    t0 = time.perf_counter()
-    search = Search(trial, momenta=momenta, budget_s=budget_s, progress=progress)
-    cold = search.cold_start(cold_lrs)
-    best = search.algorithm1(machines, start_groups, cold.lr) if not search.stopped else None
-    if best is None:
-        best = min(search.trials, key=lambda t: t.loss)
-    return TuneResult(groups=best.groups, momentum=best.momentum, lr=best.lr, loss=best.loss,
-                      cold_start_lr=cold.lr if cold else best.lr, start_groups=start_groups, trials=search.trials,
-                      tuning_s=time.perf_counter() - t0, stopped=search.stopped)
-
-
 # ---- the paper's loop: search, train an epoch, checkpoint ----------------------------------------
 ROLLBACK_RISE = 2.0
 ROLLBACK_FLOOR = 0.1
@@ -236,7 +217,6 @@ def optimize(runner: Runner, machines: int, start_groups: int, *, momenta: tuple
     ``fixed_groups``: g stays ``start_groups`` (momentum and learning rate tuned for it alone)."""
     if machines % start_groups:
         raise ValueError(f"start_groups {start_groups} does not divide {machines}")
-    t0 = time.perf_counter()
     search = Search(runner.trial, momenta=momenta, budget_s=budget_s, progress=progress)
     cold = search.cold_start(cold_lrs)
     runner.adopt(cold)
@@ -285,7 +265,7 @@ def optimize(runner: Runner, machines: int, start_groups: int, *, momenta: tuple
     return TuneResult(groups=chosen.groups, momentum=chosen.momentum, lr=chosen.lr, loss=chosen.loss,
                       cold_start_lr=cold.lr, start_groups=start_groups, trials=search.trials,
                       tuning_s=search.seconds, stopped=stopped or search.stopped, epochs=epochs,
-                      final=(best.groups, best.momentum, best.lr), wall_s=time.perf_counter() - t0)
+                      final=(best.groups, best.momentum, best.lr))
 
 
 def next_groups(machines: int, g: int) -> int:

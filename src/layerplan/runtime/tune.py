@@ -135,14 +135,12 @@ class LiveRunner:
         return out, m, time.perf_counter() - t
 
     def trial(self, g: int, mu: float, lr: float) -> float:
+        from layerplan.runtime.launch import RunError
+
         i = len(self.trials)
         try:
             self.trials.append(self._go(f"trial-{i}", g, mu, lr, self.args.trial_steps))
-        except Exception as e:  # noqa: BLE001 — a diverged run may fail: it loses the trial (RunError)
-            from layerplan.runtime.launch import RunError
-
-            if not isinstance(e, RunError):
-                raise
+        except RunError as e:  # a diverged run may fail: it loses the trial
             self._say(f"  trial g={g} µ={mu} η={lr:g} failed: {e}")
             self.trials.append((str(self.work / f"trial-{i}"), {"loss": []}, 0.0))
             return math.inf
@@ -150,6 +148,8 @@ class LiveRunner:
 
     def adopt(self, t) -> None:
         out, m, wall = self.trials[t.index]
+        if not m["loss"]:  # a failed trial (every trial failed): it left no checkpoint, W stays
+            return
         self._move_to(out, m, wall, f"{t.phase} trial")
         self.adopted.add(t.index)
 
