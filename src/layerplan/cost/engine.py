@@ -57,7 +57,11 @@ service inside the role that hosts it).
 **Rates: max-min fair sharing** (progressive filling) of every resource — each group's per-node
 device, NIC egress, NIC ingress, the shared core pool and the switch (when
 ``switch_bandwidth_bytes_per_s`` is set) — computed over task classes with multiplicities: the load
-a class puts on one node's NIC is its per-flow rate × its flows per node. Event-driven: at each
+a class puts on one node's NIC is its per-flow rate × its flows per node. Rates are compared in
+each activity's unit — a second of compute per second, a NIC's bandwidth of bytes per second — since
+the shared cores serve compute tasks and the CPU side of transfers at once: a gloo thread gets the
+CPU its bytes need, as a waking thread does under Linux's scheduler, until it needs as large a
+share as a compute thread. Among flows this is byte-wise max-min. Event-driven: at each
 start or finish the rates are recomputed and time advances to the next finish. Overlap of
 communication and computation happens wherever the deps allow it; strategies express a runtime's
 real overlap (or the papers' lack of it) through deps.
@@ -470,6 +474,9 @@ class _Act:
     """For a collective: the index of its group (its run at ``cap`` keeps that group's NIC busy)."""
     cap: float = math.inf
     """Upper bound on the rate: a collective's critical path crosses one NIC direction at a time."""
+    scale: float = 1.0
+    """Fairness compares rates in units of this: 1 for compute (seconds of work per second), the
+    NIC's bandwidth for bytes."""
     deps: list[int] = field(default_factory=list)
     dependents: list[int] = field(default_factory=list)
     waiting: int = 0
@@ -477,6 +484,10 @@ class _Act:
     end: float = math.nan
     remaining: float = 0.0
     rate: float = 0.0
+
+
+def _is_network(t) -> bool:
+    return isinstance(t, (Transfer, Collective))
 
 
 def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int], cluster: ClusterSpec,
@@ -545,9 +556,12 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
         if isinstance(t, Collective) and amount > 0:
             cap = res.caps[res.egress[t.group]]  # the critical path moves through one NIC direction at a time
             nic_group = res.group_index[t.group]
+        # the unit fairness counts rates in: a second of compute per second, a NIC's worth of bytes
+        scale = res.caps[res.egress[t.src if isinstance(t, Transfer) else t.group]] if _is_network(t) else 1.0
         acts.append(_Act(index=i, name=t.name, iteration=its[i], latency=latency, amount=amount, coefs=coefs,
                          queue=t.queue, rows=_groups_of(t), tag=t.tag, sent=sent, recv=recv, payload=payload, links=links,
-                         network=isinstance(t, (Transfer, Collective)), nic_group=nic_group, cap=cap))
+                         network=isinstance(t, (Transfer, Collective)), nic_group=nic_group, cap=cap,
+                         scale=scale if 0 < scale < math.inf else 1.0))
     for a, t in zip(acts, tasks):
         a.deps = [index[d] for d in t.deps]
         a.waiting = len(a.deps)
@@ -558,33 +572,38 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
 
 # ---- rates ---------------------------------------------------------------------------------------
 def _max_min_rates(running: list[_Act], caps: list[float]) -> None:
-    """Max-min fair rates by progressive filling: raise every unfrozen activity's rate together
-    until a resource saturates, freeze the activities using it, repeat."""
+    """Max-min fair rates by progressive filling, each activity's rate counted in its own unit
+    (``_Act.scale``): raise every unfrozen activity's rate in units together until a resource
+    saturates, freeze the activities using it, repeat. Units, because one resource serves
+    activities of different kinds — the shared cores run compute (seconds of work per second) and
+    the CPU side of transfers (bytes per second): equal raw rates would freeze a transfer at a
+    compute task's ~1 byte/s. Every flow has the same unit (the NIC's bandwidth), so among
+    transfers this is byte-wise max-min, flow by flow."""
     residual = list(caps)
     unfrozen = running
     while unfrozen:
         load: dict[int, float] = {}
         for a in unfrozen:
             for r, c in a.coefs:
-                load[r] = load.get(r, 0.0) + c
+                load[r] = load.get(r, 0.0) + c * a.scale
         level = math.inf
         for r, ld in load.items():
             t = residual[r] / ld
             if t < level:
                 level = t
         for a in unfrozen:
-            if a.cap < level:
-                level = a.cap
+            if a.cap / a.scale < level:
+                level = a.cap / a.scale
         if level < 0:
             level = 0.0
         cut = level * (1 + 1e-9) + 1e-300
         saturated = {r for r, ld in load.items() if residual[r] / ld <= cut}
         still = []
         for a in unfrozen:
-            if a.cap <= cut or any(r in saturated for r, _ in a.coefs):
-                a.rate = level
+            if a.cap / a.scale <= cut or any(r in saturated for r, _ in a.coefs):
+                a.rate = level * a.scale
                 for r, c in a.coefs:
-                    residual[r] -= c * level
+                    residual[r] -= c * a.rate
             else:
                 still.append(a)
         unfrozen = still
