@@ -95,3 +95,24 @@ def test_a_second_output_in_the_head_blocks_the_cut():
     ]
     assert find_boundary(layers) is None
     assert find_boundary([x for x in layers if x.name != "aux"]) == "flat"
+
+
+def test_single_cuts_in_one_pass_agree_with_the_definition():
+    import random
+
+    from layerplan.netspec.spec import single_cut, single_cuts
+
+    rng = random.Random(0)
+    for trial in range(300):
+        n = rng.randint(1, 14)
+        layers = []
+        for i in range(n):
+            if i == 0 or rng.random() < 0.08:
+                parents = ()  # reads the network input
+            else:
+                parents = tuple(sorted({f"l{rng.randrange(i)}" for _ in range(rng.choice((1, 1, 1, 2, 3)))}))
+            layers.append(layer(f"l{i}", rng.choice(("conv", "fc", "act", "merge")), parents))
+        layers = tuple(layers)
+        assert single_cuts(layers) == tuple(single_cut(layers, i) for i in range(n)), (trial, layers)
+        net = make_net(layers, boundary=None)
+        assert all(net.cut_is_single(i) == single_cut(layers, i) for i in range(n))

@@ -10,7 +10,8 @@ separate the conv part (large data, small model) from the FC part (small data, l
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+import math
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -94,6 +95,8 @@ class NetSpec:
     """Width of the output, where known."""
     source: str = ""
     """Where the spec came from (for people)."""
+    _single: tuple[bool, ...] = field(default=(), init=False, repr=False, compare=False)
+    """single_cuts(layers), computed once."""
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -115,6 +118,7 @@ class NetSpec:
             seen.add(layer.name)
         if self.boundary is not None and self.boundary not in seen:
             raise SpecError(f"network {self.name!r}: boundary {self.boundary!r} is not a layer")
+        object.__setattr__(self, "_single", single_cuts(self.layers))
 
     # ---- lookups -------------------------------------------------------------------------
     def index(self, name: str) -> int:
@@ -205,7 +209,7 @@ class NetSpec:
     def cut_is_single(self, i: int) -> bool:
         """True when the cut after layer i is crossed by layer i's output alone (no earlier layer
         feeds a later one): a split point for Stanza, RALP and Omnivore must be such a cut."""
-        return single_cut(self.layers, i)
+        return self._single[i]
 
     # ---- JSON ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -325,8 +329,9 @@ def find_boundary(layers: Iterable[LayerSpec]) -> str | None:
     last_conv = convs[-1]
     if not any(layer.kind == "fc" for layer in layers[last_conv + 1 :]):
         return None
+    single = single_cuts(layers)
     i = last_conv
-    while i < len(layers) and not single_cut(layers, i):
+    while i < len(layers) and not single[i]:
         if layers[i].kind == "fc":
             return None
         i += 1
@@ -335,10 +340,33 @@ def find_boundary(layers: Iterable[LayerSpec]) -> str | None:
     while (
         i + 1 < len(layers) - 1
         and layers[i + 1].kind in ("pool", "act", "norm", "other")
-        and single_cut(layers, i + 1)
+        and single[i + 1]
     ):
         i += 1
     return layers[i].name
+
+
+def single_cuts(layers: tuple[LayerSpec, ...]) -> tuple[bool, ...]:
+    """``single_cut(layers, i)`` for every i, in one pass: the cut after i is single when no layer
+    before i is read after i or read by no one (a second output), and no layer after i reads the
+    network input."""
+    pos = {layer.name: i for i, layer in enumerate(layers)}
+    n = len(layers)
+    last_read = [math.inf] * n  # read by no one: crosses every later cut
+    for k, layer in enumerate(layers):
+        for p in layer.parents:
+            j = pos[p]
+            last_read[j] = k if last_read[j] == math.inf else max(last_read[j], k)
+    parentless_after = [False] * n  # some layer after i reads the network input
+    seen = False
+    for i in range(n - 1, -1, -1):
+        parentless_after[i] = seen
+        seen = seen or not layers[i].parents
+    out, reach = [], -math.inf  # reach: the latest reader of any layer before i
+    for i in range(n):
+        out.append(reach <= i and not parentless_after[i])
+        reach = max(reach, last_read[i])
+    return tuple(out)
 
 
 def single_cut(layers: tuple[LayerSpec, ...], i: int) -> bool:
