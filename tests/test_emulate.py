@@ -21,6 +21,11 @@ def test_burst_rule():
     assert emulate.burst_bytes(10e9 / 8) == 1_250_000
 
 
+def test_queue_holds_50_ms_and_at_least_four_bursts():
+    assert emulate.limit_bytes(1e9 / 8) == 6_250_000  # 50 ms at 1 Gbit/s > 4 × 125 KB
+    assert emulate.limit_bytes(1e6 / 8) == 4 * 64_000  # a slow link: 4 bursts
+
+
 def test_cluster_spec_describes_the_emulation():
     emu = emulate.Emulated(name="x", hosts=4, rate_bytes_per_s=1e9 / 8, subnet=3)
     c = emu.cluster_spec(shared_cores=2)
@@ -61,3 +66,12 @@ def test_interrupted_run_leaves_no_namespace_or_process(tmp_path):
     time.sleep(0.2)
     assert not [n for n in emulate.namespaces() if "t-intr" in n]
     assert emulate.pids("t-intr") == []
+
+
+@needs_root
+@pytest.mark.dist
+def test_moving_bytes_between_hosts_costs_cpu():
+    with emulate.running(2, "1Gbit", "t-cpu") as emu:
+        m = emulate.measure_link_cpu(emu, seconds=0.5)
+    assert 1e-11 < m["cpu_s_per_byte"] < 1e-7  # a CPU moved the bytes: between 10 MB/s and 100 GB/s of it
+    assert 0.8 < m["rate_bytes_per_s"] / emu.rate_bytes_per_s < 1.0

@@ -151,3 +151,43 @@ def test_the_emulated_path_costs_cpu_per_byte():
         pytest.skip(f"no emulated cluster here: {e}")
     c = validate.emulated_comm_cpu_s_per_byte(nbytes=20_000_000)
     assert 1e-12 < c < 1e-7  # between 10 MB/s and 1 TB/s: a CPU moved the bytes
+
+
+def _calibrated_row():
+    from layerplan import hardware
+    from layerplan.runtime.emulate import Emulated
+
+    cal = hardware.ClusterSpec(name="calibrated-local", nodes=2, device=hardware.DEVICES["cpu-core"],
+                               nic=hardware.LINKS["1gbe"], shared_cores=2, comm_cpu_s_per_byte=2.6e-10)
+    emu = Emulated(name="t", hosts=2, rate_bytes_per_s=1e9 / 8, subnet=1)
+    r = {"model": "alexnet_cifar", "strategy": "allreduce", "run_config": {"workers": 2}, "batch_size": 16,
+         "workers": 2, "rate": "1Gbit", "rate_bytes_per_s": emu.rate_bytes_per_s, "measured_step_s": 1.0}
+    return r, emu, cal
+
+
+def test_a_rows_speed_and_link_cpu_enter_its_prediction():
+    r, emu, cal = _calibrated_row()
+    plain = validate.prediction(r, emu, cal)
+    assert plain["static_predicted_step_s"] == plain["predicted_step_s"]  # no speed: nothing to follow
+    fast = validate.prediction({**r, "speed": 2.0}, emu, cal)
+    assert fast["static_predicted_step_s"] == pytest.approx(plain["predicted_step_s"])
+    assert fast["predicted_step_s"] < plain["predicted_step_s"]  # a faster machine computes sooner
+    assert fast["error"] == pytest.approx(fast["predicted_step_s"] - 1.0)
+    assert fast["static_error"] == pytest.approx(plain["error"])
+    # the row's measured link CPU cost replaces the calibration's: more CPU per byte, a slower step
+    # (4 workers' all-reduce competes with their compute for the 2 shared cores)
+    r4 = {**r, "workers": 4, "run_config": {"workers": 4}}
+    emu4 = type(emu)(name="t", hosts=4, rate_bytes_per_s=emu.rate_bytes_per_s, subnet=1)
+    cheap = validate.prediction({**r4, "link_cpu_s_per_byte": 1e-10}, emu4, cal)
+    dear = validate.prediction({**r4, "link_cpu_s_per_byte": 2e-8}, emu4, cal)
+    assert dear["predicted_step_s"] > cheap["predicted_step_s"]
+
+
+def test_summary_reports_the_untracked_errors_and_the_speed_range():
+    rows = [{**row("a", "ps", 1.0, 1.1), "static_error": 0.3, "speed": 0.9},
+            {**row("a", "stanza", 1.0, 0.95), "static_error": -0.2, "speed": 1.1}]
+    s = validate.summarize(rows)
+    assert s["static_max_abs_error"] == pytest.approx(0.3)
+    assert s["static_median_abs_error"] == pytest.approx(0.25)
+    assert s["speed_range"] == [0.9, 1.1]
+    assert validate.summarize([row("a", "ps", 1.0, 1.1)])["speed_range"] is None

@@ -687,6 +687,46 @@ def _emit(**msg) -> None:
     sys.stdout.flush()
 
 
+PROBE_WINDOW_S = 0.8
+
+
+def speed_probe(window_s: float = PROBE_WINDOW_S) -> float:
+    """This machine's compute speed now: FLOP/s of a fixed convolution + matrix product, forward and
+    backward on one thread, the fastest call within ``window_s`` (the fastest: a call that another
+    process interrupts is noise, a slower machine slows every call). ``validate`` runs it before
+    and after every configuration: measured against the same probe at calibration time it follows
+    the machine's drift (measured here: the same configurations 10-25% slower in one 45-minute
+    run than in another, a block of consecutive rows at a time)."""
+    import torch
+    from torch import nn
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        conv = nn.Conv2d(128, 128, 3, padding=1)
+        x = torch.randn(16, 128, 16, 16, generator=gen, requires_grad=True)
+        fc = nn.Linear(2048, 2048)
+        z = torch.randn(64, 2048, generator=gen, requires_grad=True)
+        flops = 3 * (2 * 16 * 128 * 128 * 9 * 16 * 16) + 3 * (2 * 64 * 2048 * 2048)  # fwd + 2× for bwd
+
+        def call() -> None:
+            conv(x).sum().backward()
+            fc(z).sum().backward()
+
+        call()  # warm-up
+        best, end = math.inf, time.perf_counter() + window_s
+        while True:
+            t0 = time.perf_counter()
+            call()
+            t1 = time.perf_counter()
+            best = min(best, t1 - t0)
+            if t1 >= end:
+                return flops / best
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _per_call_s(fn, min_iters: int, window_s: float) -> float:
     """Seconds per call of ``fn``: called at least ``min_iters`` times and for at least ``window_s``."""
     n, t0 = 0, time.perf_counter()

@@ -406,6 +406,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     done: list[dict] = []
     calibrated = None
+    speed_reference = None  # None: validate probes the machine's speed when it starts
     if args.repredict:
         return _validate_repredict(args, out)
     if args.resume:
@@ -415,12 +416,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
         try:
             doc = validate.load_json(previous)
             done = list(doc["rows"])
+            speed_reference = doc.get("speed_reference_flops_per_s")
             if doc.get("calibrated_cluster") and not args.calibration and not args.presets_only:
                 calibrated = cluster_from_dict(doc["calibrated_cluster"], str(previous))
         except (ValueError, KeyError, TypeError) as e:  # a bad cluster inside: its own one-line error
             raise ConfigError(f"--resume: {previous} is not a validate result ({e})") from None
     if args.calibration:
         calibrated = resolve_cluster(args.calibration)
+        speed_reference = None  # another calibration: its speed is the machine's when validate starts
     elif args.dry_run and calibrated is None and not args.presets_only:
         pass  # the estimate uses the presets: calibrating takes minutes
     elif calibrated is None and not args.presets_only:
@@ -430,9 +433,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if not args.json:
             con.print("calibrating this machine's compute and profiling the matrix's layers "
                       "(quick; --calibration FILE reuses a calibration)")
+        before = calibrate.speed_probe()  # the speed the calibration saw: probed on both sides of it
         calibrated = calibrate.to_cluster(calibrate.calibrate(on="local", quick=True, progress=not args.json,
                                                               profile=matrix.models,
                                                               profile_batches=validate.profile_batches(matrix)))
+        speed_reference = (before + calibrate.speed_probe()) / 2.0
         from layerplan.runtime import emulate
 
         emulate.check_available()
@@ -446,7 +451,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _validate_dry_run(validate.estimate(matrix, calibrated, [c for c in validate.cases(matrix)
                                                                         if validate.key(c) in {validate.key(r) for r in done}]),
                                  args.json)
-    doc = validate.validate(matrix, out, calibrated, done=done,
+    doc = validate.validate(matrix, out, calibrated, done=done, speed_reference=speed_reference,
                             progress=None if args.json else (lambda what: con.print(f"[dim]running {what}[/]")))
     if args.json:
         emit_json({**doc["summary"], "rows": doc["rows"], "skipped": doc["skipped"]})

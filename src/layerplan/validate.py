@@ -18,7 +18,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import dataclass, replace  # noqa: F401  (replace: used by the CLI)
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -215,23 +215,32 @@ def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
         "measured_step_s": m["step_time_s"], "measured_throughput": m["throughput_samples_per_s"],
         "measured_bytes_per_step": m["bytes_per_step"]["total"], "wall_s": wall,
     }
-    return {**row, **prediction(row, emu, calibrated)}
+    return row
 
 
 def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[str, Any]:
     """The predicted half of a row (measured: ``row``'s): with the calibrated cluster and with the
-    presets, the error of each, the lower bound and the efficiency against it."""
+    presets, the error of each, the lower bound and the efficiency against it. The calibrated
+    cluster is taken as the row saw it where the row says so: its link's CPU cost per byte at the
+    row's rate (``link_cpu_s_per_byte``, both ends) and the machine's speed during the row against
+    calibration time (``speed``); ``static_error`` is the error without that speed tracking."""
     from layerplan.runtime.predict import predict_run
     from layerplan.runtime.run_spec import RunSpec
 
     spec = RunSpec(model=row["model"], strategy=row["strategy"], config=row["run_config"], batch_size=row["batch_size"])
     preset_cluster = emu.cluster_spec()
-    pred = predict_run(spec, calibrated_for(emu, calibrated) if calibrated else preset_cluster)
+    cluster = calibrated_for(emu, calibrated) if calibrated else preset_cluster
+    speed = row.get("speed") if calibrated else None
+    if calibrated and row.get("link_cpu_s_per_byte") is not None:
+        cluster = replace(cluster, comm_cpu_s_per_byte=row["link_cpu_s_per_byte"] / 2.0)  # per end
+    pred = predict_run(spec, hardware.at_speed(cluster, speed) if speed else cluster)
+    static = predict_run(spec, cluster) if speed and speed != 1.0 else pred
     preset = predict_run(spec, preset_cluster) if calibrated else pred
     meas = row["measured_step_s"]
     bound, comp, comm = lower_bound_s(pred, emu.rate_bytes_per_s)
     return {
         "config": pred["config"], "predicted_step_s": pred["step_time_s"], "error": (pred["step_time_s"] - meas) / meas,
+        "static_predicted_step_s": static["step_time_s"], "static_error": (static["step_time_s"] - meas) / meas,
         "preset_predicted_step_s": preset["step_time_s"], "preset_error": (preset["step_time_s"] - meas) / meas,
         "predicted_throughput": pred["throughput_samples_per_s"],
         "lower_bound_s": bound, "lower_bound_compute_s": comp, "lower_bound_comm_s": comm,
@@ -258,7 +267,8 @@ def repredict(doc: dict, calibrated: hardware.ClusterSpec | None) -> dict:
                                subnet=0)
         rows.append({**r, **prediction(r, emu, calibrated)})
     return {"summary": summarize(rows), "rows": rows, "skipped": doc.get("skipped", []),
-            "calibrated_cluster": calibrated.to_dict() if calibrated else None}
+            "calibrated_cluster": calibrated.to_dict() if calibrated else None,
+            **{k: v for k, v in doc.items() if k.startswith("speed_")}}
 
 
 def too_slow(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix) -> str | None:
@@ -327,6 +337,8 @@ def percentile(values: list[float], q: float) -> float:
 def summarize(rows: list[dict]) -> dict[str, Any]:
     errs = [abs(r["error"]) for r in rows]
     preset = [abs(r["preset_error"]) for r in rows]
+    static = [abs(r["static_error"]) for r in rows if r.get("static_error") is not None]
+    speeds = [r["speed"] for r in rows if r.get("speed")]
     scenarios: dict[tuple, list[dict]] = {}
     for r in rows:
         scenarios.setdefault((r["model"], r["workers"], r["rate"]), []).append(r)
@@ -345,6 +357,11 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "p90_abs_error": percentile(errs, 90) if errs else None,
         "max_abs_error": max(errs) if errs else None,
         "preset_median_abs_error": statistics.median(preset) if preset else None,
+        # without following the machine's speed (every row predicted at its calibration-time speed)
+        "static_median_abs_error": statistics.median(static) if static else None,
+        "static_p90_abs_error": percentile(static, 90) if static else None,
+        "static_max_abs_error": max(static) if static else None,
+        "speed_range": [min(speeds), max(speeds)] if speeds else None,
         "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "best_match_fraction": (sum(b["match"] for b in best) / len(best)) if best else None,
         "scenarios": best,
@@ -369,11 +386,26 @@ def speedups(rows: list[dict]) -> list[dict]:
     return out
 
 
+LINK_CPU_REPEATS = 3
+
+
+def link_cpu_s_per_byte(emu) -> float:
+    """The emulated link's CPU cost per byte at its rate (both ends; median of a few streams)."""
+    from layerplan.runtime import emulate
+
+    return statistics.median(emulate.measure_link_cpu(emu)["cpu_s_per_byte"] for _ in range(LINK_CPU_REPEATS))
+
+
 def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | None = None,
              progress: Callable[[str], None] | None = None, skip: Callable[[Case, str], None] | None = None,
-             done: Iterable[dict] = ()) -> dict:
+             done: Iterable[dict] = (), speed_reference: float | None = None) -> dict:
     """Run the matrix; returns {"summary", "rows", "skipped"} and writes validate.json + plots.
-    ``done``: rows measured before (``--resume``); configurations among them are not run again."""
+    ``done``: rows measured before (``--resume``); configurations among them are not run again.
+
+    With a calibration, each rate's link has its CPU cost per byte measured first, and every
+    configuration runs between two ``calibrate.speed_probe`` calls: their mean over
+    ``speed_reference`` (the probe at calibration time; None: now) is the row's ``speed``, the
+    machine's drift the prediction follows (``prediction``)."""
     from layerplan.runtime import emulate
     from layerplan.runtime.launch import RunError
     from layerplan.runtime.layout import world_size
@@ -398,11 +430,19 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate, "reason": str(e)})
             if skip:
                 skip(c, str(e))
+    track = calibrated is not None
+    if track:
+        from layerplan.calibrate import speed_probe
+
+        if speed_reference is None:
+            speed_reference = speed_probe()
+    meta = {"speed_reference_flops_per_s": speed_reference} if track else {}
     for rate in matrix.rates:
         batch = [c for c in todo if c.rate == rate]
         if not batch:
             continue
         with emulate.running(hosts, rate, EMULATION_NAME) as emu:
+            link_cpu = link_cpu_s_per_byte(emu) if track else None
             for c in batch:
                 slow = too_slow(c, emu, calibrated, matrix)
                 if slow:
@@ -414,20 +454,26 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 if progress:
                     progress(f"{c.model} {c.label} {c.workers}w {rate}")
                 try:
-                    rows.append(run_case(c, emu, calibrated, matrix, out_dir / "runs"))
+                    before = speed_probe() if track else None
+                    row = run_case(c, emu, calibrated, matrix, out_dir / "runs")
+                    if track:
+                        after = speed_probe()
+                        row.update(speed=(before + after) / 2.0 / speed_reference, probe_flops_per_s=[before, after],
+                                   link_cpu_s_per_byte=link_cpu)
+                    rows.append({**row, **prediction(row, emu, calibrated)})
                 except RunError as e:  # one failed configuration is reported, the matrix goes on
                     reason = f"failed: {e}"
                     skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate,
                                     "reason": reason})
                     if skip:
                         skip(c, reason)
-                write(out_dir, rows, skipped, calibrated)  # a partial result survives an interrupted run
-    return write(out_dir, rows, skipped, calibrated)
+                write(out_dir, rows, skipped, calibrated, meta)  # a partial result survives an interrupted run
+    return write(out_dir, rows, skipped, calibrated, meta)
 
 
-def write(out_dir: Path, rows: list[dict], skipped: list[dict], calibrated) -> dict:
+def write(out_dir: Path, rows: list[dict], skipped: list[dict], calibrated, meta: dict | None = None) -> dict:
     return write_doc(out_dir, {"summary": summarize(rows), "rows": rows, "skipped": skipped,
-                               "calibrated_cluster": calibrated.to_dict() if calibrated else None})
+                               "calibrated_cluster": calibrated.to_dict() if calibrated else None, **(meta or {})})
 
 
 def write_doc(out_dir: Path, doc: dict) -> dict:
@@ -528,6 +574,11 @@ def print_summary(doc: dict, con=None) -> None:
               f"{pc(s['preset_median_abs_error'])}; Spearman ρ "
               f"{'–' if s['spearman'] is None else format(s['spearman'], '.3f')}; predicted best = measured best in "
               f"{pc(s['best_match_fraction'])} of scenarios")
+    if s.get("speed_range"):
+        lo, hi = s["speed_range"]
+        con.print(f"  the machine ran at {lo:.2f}–{hi:.2f}× its calibration-time speed (probed around every row); "
+                  f"not following it: median {pc(s['static_median_abs_error'])}, p90 {pc(s['static_p90_abs_error'])}, "
+                  f"max {pc(s['static_max_abs_error'])}")
     for b in s["scenarios"]:
         con.print(f"  {b['model']}, {b['workers']} workers, {b['rate']}: predicted best {b['predicted_best']}, "
                   f"measured best {b['measured_best']} {'✓' if b['match'] else '✗'}")

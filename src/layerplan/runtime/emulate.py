@@ -4,8 +4,8 @@ Each host is a network namespace with one interface (``eth0``, 10.77.<k>.<i+1>/2
 veth pair to a bridge that lives in its own namespace, so the machine never routes into the test
 subnet. A token-bucket filter (tbf) shapes both ends of every host's link — the host's egress and
 the switch port's egress towards it — so each host gets R in and R out, like a switch port
-(EMULATION.md). tbf burst ≥ max(64 KB, R × 1 ms) and limit ≥ 4 × burst: a burst below the MTU
-drops every packet silently.
+(EMULATION.md). tbf burst ≥ max(64 KB, R × 1 ms) and limit ≥ 4 × burst, here also ≥ 50 ms of
+traffic at R (``QUEUE_S``); a burst below the MTU drops every packet silently.
 
 Root is needed for ``ip netns``; without root, run layerplan inside an unprivileged user namespace
 (``unshare -Urnm --propagation private``, a tmpfs on /run, ``mkdir /run/netns``) where the same
@@ -18,10 +18,12 @@ context manager tears the cluster down on exit, on exceptions and on SIGINT/SIGT
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
 import subprocess
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,11 +102,26 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return r
 
 
+QUEUE_S = 0.05
+"""The tbf queue holds this long at the link rate (the limit is at least 4 × burst, EMULATION.md).
+A shallower queue drops packets when a few workers push to one host at once, and TCP waits out
+its 200 ms minimum retransmission timeout: measured at 1 Gbit/s with the 4 × burst limit
+(500 KB), 4 × 1 MB into one host took 37 ms in most rounds and 228 ms in one of ten; with 50 ms
+of queue every round takes the 37 ms the link rate gives (4 × 10 MB at 1 Gbit/s, 4 × 1 MB at
+100 Mbit/s alike). The emulated link is a clean bandwidth limit, the network the cost model
+describes; on a real shallow-buffered switch such incast adds retransmission stalls on top."""
+
+
+def limit_bytes(rate_bytes_per_s: float) -> int:
+    """tbf limit: max(4 × burst (EMULATION.md), QUEUE_S of traffic)."""
+    return int(max(4 * burst_bytes(rate_bytes_per_s), rate_bytes_per_s * QUEUE_S))
+
+
 def _tc(ns: str, dev: str, rate_bytes_per_s: float) -> None:
     burst = burst_bytes(rate_bytes_per_s)
     rate_bit = int(rate_bytes_per_s * 8)
     _ip("netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_bit}bit",
-        "burst", str(burst), "limit", str(4 * burst))
+        "burst", str(burst), "limit", str(limit_bytes(rate_bytes_per_s)))
 
 
 def check_available() -> None:
@@ -266,3 +283,63 @@ def measure_rate(emu: Emulated, src: int = 0, dst: int = 1, nbytes: int = 20_000
     if cli.returncode != 0 or not out.strip():
         raise EmulationError(f"link measurement failed: {cli.stderr.strip()[-200:]}")
     return float(out.strip())
+
+
+LINK_CPU_PORT = 29555
+
+
+def measure_link_cpu(emu: Emulated, seconds: float = 2.0) -> dict[str, float]:
+    """CPU seconds per payload byte that the machine spends moving gloo messages between two hosts
+    at this emulation's rate — both ends, the veth pair, the bridge and the tbf qdiscs: busy CPU
+    time from /proc/stat while rank 0 sends rank 1 about ``seconds`` of point-to-point messages
+    (torch.distributed, as the runtime moves them), less the machine's busy share when idle
+    (measured just before). Measured here: ≈ 8 ns/byte at 100 Mbit/s (timer and wake-up work per
+    packet at a low rate), 1.0 at 1 and 10 Gbit/s, 0.7 unshaped — a plain socket stream written
+    1 MB at a time costs twice that at 1 Gbit/s, so the messages are gloo's.
+    Returns {"cpu_s_per_byte", "rate_bytes_per_s", "baseline_cores"}."""
+    import sys
+
+    if emu.hosts < 2:
+        raise EmulationError("measuring a link needs at least 2 hosts")
+    size = int(min(64 * 2**20, max(2**20, emu.rate_bytes_per_s * 0.25)))
+    iters = max(2, math.ceil(seconds * min(emu.rate_bytes_per_s, 2.5e9) / size))
+    code = ("import datetime,time,torch,torch.distributed as dist\n"
+            "torch.set_num_threads(1);dist.init_process_group('gloo',timeout=datetime.timedelta(seconds=60))\n"
+            "r=dist.get_rank()\n"
+            f"t=torch.ones({size // 4})\n"
+            "def one():\n dist.send(t,1) if r==0 else dist.recv(t,0)\n"
+            "one();dist.barrier()\n"  # the first message opens the pair: not counted
+            "print('START',flush=True);t0=time.perf_counter()\n"
+            f"for _ in range({iters}): one()\n"
+            "dist.barrier();print('END',time.perf_counter()-t0,flush=True)\n")
+    b0, t0 = _busy_cpu_s(), time.perf_counter()
+    time.sleep(0.5)
+    baseline = (_busy_cpu_s() - b0) / (time.perf_counter() - t0)
+    procs = [subprocess.Popen([*emu.exec_prefix(i), sys.executable, "-c", code], text=True,
+                              env={**os.environ, **host_env(emu, i, 2, port=LINK_CPU_PORT)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    try:
+        line = procs[0].stdout.readline()
+        b0 = _busy_cpu_s()
+        end = procs[0].stdout.readline()
+        busy = _busy_cpu_s() - b0
+        outs = [p.communicate(timeout=120) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise EmulationError("link CPU measurement timed out (120 s)") from None
+    if not (line.startswith("START") and end.startswith("END")) or any(p.returncode for p in procs):
+        err = " ".join(o[1].strip().splitlines()[-1] for o in outs if o[1].strip())
+        raise EmulationError(f"link CPU measurement failed: {err[-200:] or 'no output'}")
+    wall_s = float(end.split()[1])
+    nbytes = size * iters
+    return {"cpu_s_per_byte": max(0.0, busy - baseline * wall_s) / nbytes, "rate_bytes_per_s": nbytes / wall_s,
+            "baseline_cores": baseline}
+
+
+def _busy_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
