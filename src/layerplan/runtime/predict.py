@@ -53,9 +53,9 @@ def strategy_config(spec, net) -> Any:
     if spec.strategy == "allreduce":
         return s.Config(workers=c["workers"])
     if spec.strategy == "stanza":
-        # the runtime all-reduces with gloo's all_reduce, a ring: with 4 CONV workers it moves 1.5
-        # model sizes per worker where Stanza's recursive doubling moves 2
-        return s.Config(conv_workers=c["conv_workers"], fc_workers=c["fc_workers"], algorithm="ring")
+        from layerplan.strategies.stanza import StanzaRunConfig
+
+        return StanzaRunConfig(conv_workers=c["conv_workers"], fc_workers=c["fc_workers"])  # gloo's ring
     if spec.strategy == "ralp":
         return s.Config(workers=c["workers"], split=split_layer(spec, net), setting=c["ralp_setting"])
     if spec.strategy == "hybrid":

@@ -3,7 +3,7 @@ FC workers hold the FC phase. Per iteration: CONV workers send their boundary ac
 values) to their FC worker; the FC worker runs the FC phase for its n_c/n_f CONV workers' samples,
 returns each its activation gradient and updates the FC parameters (all-reduced among FC workers
 when n_f > 1, overlapped with the CONV side); CONV workers backpropagate and all-reduce the conv
-gradients among themselves by recursive doubling (``algorithm``). Under the paper's assumptions (no overlap,
+gradients among themselves by recursive doubling (``StanzaRunConfig``: another scheme). Under the paper's assumptions (no overlap,
 no latency) the step is Stanza eq.3:
 t_s = T_c + (n_c/n_f)·T_f + 2·n_c·A·K/(n_f·B) + P_c·R(n_c)/B.
 """
@@ -29,9 +29,21 @@ class StanzaConfig:
     """n_c: nodes running the conv phase, data parallel."""
     fc_workers: int = 1
     """n_f: nodes running the FC phase; CONV workers are split evenly among them."""
-    algorithm: str = "recursive_doubling"
-    """The all-reduce among CONV workers (and among FC workers): Stanza's recursive doubling, or any
-    ``collectives.ALLREDUCE`` scheme (layerplan's runtime calls gloo's all_reduce: a ring)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StanzaRunConfig(StanzaConfig):
+    """Stanza as layerplan's runtime runs it (``runtime.predict``): the all-reduces are gloo's
+    all_reduce, a ring — with 4 CONV workers 1.5 model sizes per worker where Stanza's recursive
+    doubling moves 2."""
+
+    algorithm: str = "ring"
+    """Any ``collectives.ALLREDUCE`` scheme."""
+
+
+def allreduce_scheme(config: StanzaConfig) -> str:
+    """The all-reduce among CONV (and FC) workers: Stanza's recursive doubling unless the config says."""
+    return getattr(config, "algorithm", "recursive_doubling")
 
 
 class Stanza(Strategy):
@@ -45,8 +57,8 @@ class Stanza(Strategy):
         require_positive(self.name, conv_workers=config.conv_workers, fc_workers=config.fc_workers)
         require_nodes(self.name, config.conv_workers + config.fc_workers, cluster,
                       f"{config.conv_workers} CONV workers + {config.fc_workers} FC workers")
-        if config.algorithm not in ALLREDUCE:
-            raise ConfigError(f"stanza: unknown algorithm {config.algorithm!r}; use one of {', '.join(ALLREDUCE)}")
+        if allreduce_scheme(config) not in ALLREDUCE:
+            raise ConfigError(f"stanza: unknown algorithm {allreduce_scheme(config)!r}; use one of {', '.join(ALLREDUCE)}")
         if config.fc_workers > config.conv_workers:
             raise ConfigError(f"stanza: {config.fc_workers} FC workers for {config.conv_workers} CONV workers leaves an FC worker idle")
 
@@ -106,12 +118,12 @@ class Stanza(Strategy):
         ]
         conv_done = "conv_bwd"
         if n_c > 1:
-            tasks.append(Collective(name="conv_allreduce", group="conv", scheme=config.algorithm, bytes=p_c, deps=("conv_bwd",)))
+            tasks.append(Collective(name="conv_allreduce", group="conv", scheme=allreduce_scheme(config), bytes=p_c, deps=("conv_bwd",)))
             conv_done = "conv_allreduce"
         tasks.append(Compute(name="conv_update", group="conv", seconds=update_s(p_c, cluster), deps=(conv_done,)))
         fc_done = "fc_fwd_bwd"
         if n_f > 1:
-            tasks.append(Collective(name="fc_allreduce", group="fc", scheme=config.algorithm, bytes=p_f, deps=("act_grads",)))
+            tasks.append(Collective(name="fc_allreduce", group="fc", scheme=allreduce_scheme(config), bytes=p_f, deps=("act_grads",)))
             fc_done = "fc_allreduce"
         tasks.append(Compute(name="fc_update", group="fc", seconds=update_s(p_f, cluster), deps=(fc_done,)))
         return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=n_c * batch)
