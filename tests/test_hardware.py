@@ -68,25 +68,3 @@ def test_resolve_cluster_overrides():
     with pytest.raises(SpecError, match="cannot read"):
         hardware.resolve_cluster("missing.yaml")
 
-
-def test_at_speed_scales_compute_and_cpu_costs_not_links():
-    from dataclasses import replace
-
-    from layerplan import hardware
-    from layerplan.errors import SpecError
-
-    p = hardware.ProfiledLayer(key="k", fwd_fixed_s=0.2, fwd_per_sample_s=0.02, bwd_fixed_s=0.4, bwd_per_sample_s=0.04)
-    dev = replace(hardware.DEVICES["cpu-core"], profiled_layers=(p,))
-    c = hardware.ClusterSpec(name="c", nodes=2, device=dev, nic=hardware.LINKS["1gbe"], shared_cores=2,
-                             comm_cpu_s_per_byte=1e-9, reduce_cpu_s_per_byte=4e-10)
-    f = hardware.at_speed(c, 2.0)
-    assert f.device.peak_flops_per_s == 2 * dev.peak_flops_per_s
-    assert f.device.mem_bandwidth_bytes_per_s == 2 * dev.mem_bandwidth_bytes_per_s
-    q = f.device.profiled_layers[0]
-    assert (q.fwd_fixed_s, q.fwd_per_sample_s, q.bwd_fixed_s, q.bwd_per_sample_s) == (0.1, 0.01, 0.2, 0.02)
-    assert (f.comm_cpu_s_per_byte, f.reduce_cpu_s_per_byte) == (5e-10, 2e-10)
-    assert f.nic == c.nic and f.device.compute_efficiency == dev.compute_efficiency
-    assert hardware.at_speed(c, 1.0) is c
-    for bad in (0.0, -1.0, float("nan"), float("inf")):
-        with pytest.raises(SpecError):
-            hardware.at_speed(c, bad)

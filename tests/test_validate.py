@@ -165,15 +165,10 @@ def _calibrated_row():
     return r, emu, cal
 
 
-def test_a_rows_speed_and_link_cpu_enter_its_prediction():
+def test_a_rows_measured_link_cpu_enters_its_prediction():
     r, emu, cal = _calibrated_row()
     plain = validate.prediction(r, emu, cal)
-    assert plain["static_predicted_step_s"] == plain["predicted_step_s"]  # no speed: nothing to follow
-    fast = validate.prediction({**r, "speed": 2.0}, emu, cal)
-    assert fast["static_predicted_step_s"] == pytest.approx(plain["predicted_step_s"])
-    assert fast["predicted_step_s"] < plain["predicted_step_s"]  # a faster machine computes sooner
-    assert fast["error"] == pytest.approx(fast["predicted_step_s"] - 1.0)
-    assert fast["static_error"] == pytest.approx(plain["error"])
+    assert validate.prediction({**r, "speed": 2.0}, emu, cal) == plain  # the speed probe is a record only
     # the row's measured link CPU cost replaces the calibration's: more CPU per byte, a slower step
     # (4 workers' all-reduce competes with their compute for the 2 shared cores)
     r4 = {**r, "workers": 4, "run_config": {"workers": 4}}
@@ -183,11 +178,7 @@ def test_a_rows_speed_and_link_cpu_enter_its_prediction():
     assert dear["predicted_step_s"] > cheap["predicted_step_s"]
 
 
-def test_summary_reports_the_untracked_errors_and_the_speed_range():
-    rows = [{**row("a", "ps", 1.0, 1.1), "static_error": 0.3, "speed": 0.9},
-            {**row("a", "stanza", 1.0, 0.95), "static_error": -0.2, "speed": 1.1}]
-    s = validate.summarize(rows)
-    assert s["static_max_abs_error"] == pytest.approx(0.3)
-    assert s["static_median_abs_error"] == pytest.approx(0.25)
-    assert s["speed_range"] == [0.9, 1.1]
+def test_summary_reports_the_speed_range():
+    rows = [{**row("a", "ps", 1.0, 1.1), "speed": 0.9}, {**row("a", "stanza", 1.0, 0.95), "speed": 1.1}]
+    assert validate.summarize(rows)["speed_range"] == [0.9, 1.1]
     assert validate.summarize([row("a", "ps", 1.0, 1.1)])["speed_range"] is None

@@ -694,9 +694,7 @@ def speed_probe(window_s: float = PROBE_WINDOW_S) -> float:
     """This machine's compute speed now: FLOP/s of a fixed convolution + matrix product, forward and
     backward on one thread, the fastest call within ``window_s`` (the fastest: a call that another
     process interrupts is noise, a slower machine slows every call). ``validate`` runs it before
-    and after every configuration: measured against the same probe at calibration time it follows
-    the machine's drift (measured here: the same configurations 10-25% slower in one 45-minute
-    run than in another, a block of consecutive rows at a time)."""
+    and after every configuration and records it against the same probe at calibration time."""
     import torch
     from torch import nn
 

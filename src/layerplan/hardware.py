@@ -214,24 +214,6 @@ class ClusterSpec:
         return f"{self.nodes} × {dev}, {nic}"
 
 
-def at_speed(spec: ClusterSpec, speed: float) -> ClusterSpec:
-    """``spec`` on a machine running ``speed``× as fast as when it was calibrated (a CPU's clock,
-    or its share of a shared host, drifts): peak FLOP/s and memory bandwidth × speed, profiled
-    layer times and the CPU cost of moving and reducing bytes ÷ speed. Links are unchanged."""
-    if not (speed > 0 and math.isfinite(speed)):
-        raise SpecError(f"speed must be a positive number, got {speed!r}")
-    if speed == 1.0:
-        return spec
-    d = spec.device
-    layers = tuple(replace(p, fwd_fixed_s=p.fwd_fixed_s / speed, fwd_per_sample_s=p.fwd_per_sample_s / speed,
-                           bwd_fixed_s=p.bwd_fixed_s / speed, bwd_per_sample_s=p.bwd_per_sample_s / speed)
-                   for p in d.profiled_layers)
-    dev = replace(d, peak_flops_per_s=d.peak_flops_per_s * speed,
-                  mem_bandwidth_bytes_per_s=d.mem_bandwidth_bytes_per_s * speed, profiled_layers=layers)
-    return replace(spec, device=dev, comm_cpu_s_per_byte=spec.comm_cpu_s_per_byte / speed,
-                   reduce_cpu_s_per_byte=spec.reduce_cpu_s_per_byte / speed)
-
-
 def _device_dict(d: DeviceSpec) -> dict[str, Any]:
     out = {f.name: getattr(d, f.name) for f in fields(DeviceSpec)}
     out["profiled_layers"] = [{**{f.name: getattr(p, f.name) for f in fields(ProfiledLayer)}, "batches": list(p.batches)}
