@@ -687,14 +687,14 @@ def _emit(**msg) -> None:
     sys.stdout.flush()
 
 
-PROBE_WINDOW_S = 0.8
+PROBE_WINDOW_S = 0.5
 
 
 def speed_probe(window_s: float = PROBE_WINDOW_S) -> float:
     """This machine's compute speed now: FLOP/s of a fixed convolution + matrix product, forward and
     backward on one thread, the fastest call within ``window_s`` (the fastest: a call that another
     process interrupts is noise, a slower machine slows every call). ``validate`` runs it before
-    and after every configuration and records it against the same probe at calibration time."""
+    every configuration and records it against the same probe at calibration time."""
     import torch
     from torch import nn
 

@@ -394,8 +394,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     ``done``: rows measured before (``--resume``); configurations among them are not run again.
 
     With a calibration, each rate's link has its CPU cost per byte measured first (``prediction``
-    uses it), and every configuration runs between two ``calibrate.speed_probe`` calls: their mean
-    over ``speed_reference`` (the probe at calibration time; None: now) is the row's ``speed``, a
+    uses it), and every configuration runs after a ``calibrate.speed_probe`` call: the probe over
+    ``speed_reference`` (the probe at calibration time; None: now) is the row's ``speed``, a
     record of the machine's drift. It is not applied: one thread's speed overstates how a run's
     speed moves (in one full run the probe read 1.06-1.20× for 91 rows whose steps ran a median 3%
     faster than predicted, not 10-20%)."""
@@ -447,12 +447,10 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 if progress:
                     progress(f"{c.model} {c.label} {c.workers}w {rate}")
                 try:
-                    before = speed_probe() if track else None
+                    probe = speed_probe() if track else None
                     row = run_case(c, emu, calibrated, matrix, out_dir / "runs")
                     if track:
-                        after = speed_probe()
-                        row.update(speed=(before + after) / 2.0 / speed_reference, probe_flops_per_s=[before, after],
-                                   link_cpu_s_per_byte=link_cpu)
+                        row.update(speed=probe / speed_reference, probe_flops_per_s=probe, link_cpu_s_per_byte=link_cpu)
                     rows.append({**row, **prediction(row, emu, calibrated)})
                 except RunError as e:  # one failed configuration is reported, the matrix goes on
                     reason = f"failed: {e}"
@@ -570,7 +568,7 @@ def print_summary(doc: dict, con=None) -> None:
     if s.get("speed_range"):
         lo, hi = s["speed_range"]
         con.print(f"  one thread of this machine ran at {lo:.2f}–{hi:.2f}× its calibration-time speed "
-                  "(probed before and after every row: `speed`; predictions use the calibration as it is)")
+                  "(probed before every row: `speed`; predictions use the calibration as it is)")
     for b in s["scenarios"]:
         con.print(f"  {b['model']}, {b['workers']} workers, {b['rate']}: predicted best {b['predicted_best']}, "
                   f"measured best {b['measured_best']} {'✓' if b['match'] else '✗'}")
