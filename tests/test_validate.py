@@ -181,4 +181,6 @@ def test_a_rows_measured_link_cpu_enters_its_prediction():
 def test_summary_reports_the_speed_range():
     rows = [{**row("a", "ps", 1.0, 1.1), "speed": 0.9}, {**row("a", "stanza", 1.0, 0.95), "speed": 1.1}]
     assert validate.summarize(rows)["speed_range"] == [0.9, 1.1]
+    assert validate.summarize(rows)["slow_rows"] == 0
+    assert validate.summarize([{**rows[0], "speed": 0.5}, rows[1]])["slow_rows"] == 1
     assert validate.summarize([row("a", "ps", 1.0, 1.1)])["speed_range"] is None

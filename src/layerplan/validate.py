@@ -353,6 +353,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "max_abs_error": max(errs) if errs else None,
         "preset_median_abs_error": statistics.median(preset) if preset else None,
         "speed_range": [min(speeds), max(speeds)] if speeds else None,
+        "slow_rows": sum(1 for x in speeds if x < SLOW_SPEED),
         "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "best_match_fraction": (sum(b["match"] for b in best) / len(best)) if best else None,
         "scenarios": best,
@@ -378,6 +379,8 @@ def speedups(rows: list[dict]) -> list[dict]:
 
 
 LINK_CPU_REPEATS = 3
+SLOW_SPEED = 0.9
+"""A row whose speed probe read below this is flagged: the machine was busy with something else."""
 
 
 def link_cpu_s_per_byte(emu) -> float:
@@ -569,6 +572,9 @@ def print_summary(doc: dict, con=None) -> None:
         lo, hi = s["speed_range"]
         con.print(f"  one thread of this machine ran at {lo:.2f}–{hi:.2f}× its calibration-time speed "
                   "(probed before every row: `speed`; predictions use the calibration as it is)")
+        if s.get("slow_rows"):
+            con.print(f"  [yellow]{s['slow_rows']} row(s) ran while the machine was below {SLOW_SPEED:g}× that speed "
+                      "(something else took the CPU): their errors measure that too[/]")
     for b in s["scenarios"]:
         con.print(f"  {b['model']}, {b['workers']} workers, {b['rate']}: predicted best {b['predicted_best']}, "
                   f"measured best {b['measured_best']} {'✓' if b['match'] else '✗'}")
