@@ -384,7 +384,7 @@ SLOW_SPEED = 0.9
 
 
 def link_cpu_s_per_byte(emu) -> float:
-    """The emulated link's CPU cost per byte at its rate (both ends; median of a few streams)."""
+    """The emulated link's CPU cost per byte at its rate (both ends; the median of a few measurements)."""
     from layerplan.runtime import emulate
 
     return statistics.median(emulate.measure_link_cpu(emu)["cpu_s_per_byte"] for _ in range(LINK_CPU_REPEATS))
