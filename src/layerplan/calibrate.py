@@ -697,6 +697,7 @@ def speed_probe(window_s: float = PROBE_WINDOW_S) -> float:
     every configuration and records it against the same probe at calibration time."""
     import torch
     from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -706,13 +707,14 @@ def speed_probe(window_s: float = PROBE_WINDOW_S) -> float:
         x = torch.randn(16, 128, 16, 16, generator=gen, requires_grad=True)
         fc = nn.Linear(2048, 2048)
         z = torch.randn(64, 2048, generator=gen, requires_grad=True)
-        flops = 3 * (2 * 16 * 128 * 128 * 9 * 16 * 16) + 3 * (2 * 64 * 2048 * 2048)  # fwd + 2× for bwd
 
         def call() -> None:
             conv(x).sum().backward()
             fc(z).sum().backward()
 
-        call()  # warm-up
+        with FlopCounterMode(display=False) as counter:  # also the warm-up
+            call()
+        flops = counter.get_total_flops()
         best, end = math.inf, time.perf_counter() + window_s
         while True:
             t0 = time.perf_counter()

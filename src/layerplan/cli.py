@@ -445,7 +445,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         calibrated = validate.with_emulated_comm_cpu(calibrated, c)
         if not args.json:
             con.print(f"the emulated path, unshaped, moves {units.format_bandwidth(1 / c)} on this CPU: its "
-                      "per-byte CPU cost goes into the predictions")
+                      "per-byte CPU cost estimates which configurations to skip; each rate's link is measured "
+                      "before its rows")
     con = report.console()
     if args.dry_run:
         return _validate_dry_run(validate.estimate(matrix, calibrated, [c for c in validate.cases(matrix)

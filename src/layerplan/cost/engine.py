@@ -560,7 +560,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
         scale = res.caps[res.egress[t.src if isinstance(t, Transfer) else t.group]] if _is_network(t) else 1.0
         acts.append(_Act(index=i, name=t.name, iteration=its[i], latency=latency, amount=amount, coefs=coefs,
                          queue=t.queue, rows=_groups_of(t), tag=t.tag, sent=sent, recv=recv, payload=payload, links=links,
-                         network=isinstance(t, (Transfer, Collective)), nic_group=nic_group, cap=cap,
+                         network=_is_network(t), nic_group=nic_group, cap=cap,
                          scale=scale if 0 < scale < math.inf else 1.0))
     for a, t in zip(acts, tasks):
         a.deps = [index[d] for d in t.deps]

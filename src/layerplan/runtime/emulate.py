@@ -293,7 +293,7 @@ def measure_link_cpu(emu: Emulated, seconds: float = 2.0) -> dict[str, float]:
     at this emulation's rate — both ends, the veth pair, the bridge and the tbf qdiscs: busy CPU
     time from /proc/stat while rank 0 sends rank 1 about ``seconds`` of point-to-point messages
     (torch.distributed, as the runtime moves them), less the machine's busy share when idle
-    (measured just before). Measured here: ≈ 8 ns/byte at 100 Mbit/s (timer and wake-up work per
+    (measured just before). Measured here: ≈ 4–8 ns/byte at 100 Mbit/s (timer and wake-up work per
     packet at a low rate), 1.0 at 1 and 10 Gbit/s, 0.7 unshaped — a plain socket stream written
     1 MB at a time costs twice that at 1 Gbit/s, so the messages are gloo's.
     Returns {"cpu_s_per_byte", "rate_bytes_per_s", "baseline_cores"}."""

@@ -3,8 +3,8 @@ FC workers hold the FC phase. Per iteration: CONV workers send their boundary ac
 values) to their FC worker; the FC worker runs the FC phase for its n_c/n_f CONV workers' samples,
 returns each its activation gradient and updates the FC parameters (all-reduced among FC workers
 when n_f > 1, overlapped with the CONV side); CONV workers backpropagate and all-reduce the conv
-gradients among themselves by recursive doubling (``StanzaRunConfig``: another scheme). Under the paper's assumptions (no overlap,
-no latency) the step is Stanza eq.3:
+gradients among themselves by recursive doubling (a ``StanzaRunConfig`` names another scheme: the
+runtime's ring). Under the paper's assumptions (no overlap, no latency) the step is Stanza eq.3:
 t_s = T_c + (n_c/n_f)·T_f + 2·n_c·A·K/(n_f·B) + P_c·R(n_c)/B.
 """
 
