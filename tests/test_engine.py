@@ -499,3 +499,29 @@ def test_a_collective_is_not_starved_by_compute_on_the_shared_cores():
     ends = {e.name: e.end_s for e in pred.timeline}
     assert ends["ar"] == pytest.approx(0.12)
     assert ends["c"] == pytest.approx(1.02)
+
+
+def test_groups_report_as_one_role():
+    """Two out-of-phase groups of one role: simulated apart, reported as one role (node-weighted
+    per-node figures, summed totals), and a bad mapping is refused."""
+    tasks = (
+        Compute(name="a", group="w0", seconds=1.0),
+        Compute(name="b", group="w1", seconds=3.0),
+        Transfer(name="ta", src="w0", dst="s", bytes_per_flow=1e9, pattern="spread", deps=("a",)),
+        Transfer(name="tb", src="w1", dst="s", bytes_per_flow=1e9, pattern="spread", deps=("b",)),
+    )
+    apart = simulate(StepGraph(groups={"w0": 1, "w1": 3, "s": 1}, samples_per_step=4, tasks=tasks), cluster())
+    merged = simulate(StepGraph(groups={"w0": 1, "w1": 3, "s": 1}, samples_per_step=4, tasks=tasks,
+                                report_as={"w0": "worker", "w1": "worker"}), cluster())
+    assert merged.step_time_s == apart.step_time_s
+    assert merged.groups == {"worker": 4, "s": 1}
+    assert merged.breakdown["worker"]["compute_s"] == pytest.approx((1 * 1.0 + 3 * 3.0) / 4)
+    assert merged.bytes_sent_per_node["worker"] == pytest.approx(1e9)
+    assert merged.bytes_sent_by_role["worker"] == pytest.approx(4e9)
+    assert merged.bytes_per_link == {"worker->s": pytest.approx(4e9)}
+    assert merged.utilization["worker compute"] == pytest.approx(
+        (apart.utilization["w0 compute"] + 3 * apart.utilization["w1 compute"]) / 4)
+    assert {e.group for e in merged.timeline} == {"worker", "s"}
+    assert not merged.bottleneck.startswith(("w0 ", "w1 "))
+    with pytest.raises(ConfigError, match="not a group"):
+        StepGraph(groups={"w0": 1}, samples_per_step=1, tasks=tasks[:1], report_as={"x": "worker"})

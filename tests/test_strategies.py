@@ -103,6 +103,31 @@ def test_ralp_moves_only_head_parameters_and_split_activations():
     assert strategies.get("ralp").default(net, ideal(8), b, setting="H").workers == 4  # RALP-H: N/2 workers
 
 
+@pytest.mark.parametrize("workers", [3, 20])
+def test_ralp_serves_one_worker_at_a_time_and_returns_its_gradient_at_once(workers):
+    """The PS worker runs the tail for one worker after another and sends each its activation
+    gradient when served (runtime/roles/ralp.py): the first worker's head backward starts while the
+    others still wait, the tail work adds up to n_w workers', and the step is one role "worker"."""
+    from layerplan.strategies.ralp import WAVES
+
+    net, b = net_fc_heavy(), 8
+    c = ideal(workers + 1)
+    cfg = strategies.get("ralp").Config(workers=workers, split="p2")
+    pred = strategies.predict(net, c, "ralp", cfg, b)
+    assert pred.groups == {"worker": workers, "ps": 1}
+    assert set(pred.breakdown) == {"worker", "ps"} and all(e.group in ("worker", "ps") for e in pred.timeline)
+    tail = net.tail("p2")
+    t_tail = fwd_s(net, tail, c, b) + bwd_s(net, tail, c, b)
+    served = [e for e in pred.timeline if e.name.startswith("tail_fwd_bwd")]
+    assert len(served) == min(workers, WAVES)
+    assert sum(e.end_s - e.start_s for e in served) == pytest.approx(workers * t_tail)
+    first_bwd = min(e.start_s for e in pred.timeline if e.name.startswith("head_bwd"))
+    assert first_bwd < max(e.end_s for e in served)  # overlaps the tail of the workers after it
+    head = param_bytes(net.head("p2"))
+    assert pred.bytes_sent_per_node["worker"] == pytest.approx(net.layer("p2").out_bytes * b + head)
+    assert pred.bytes_per_link["worker->ps"] == pytest.approx(workers * (net.layer("p2").out_bytes * b + head))
+
+
 def test_groups_async_beats_sync_when_the_fc_server_is_not_saturated():
     net, b = net_fc_heavy(), 8
     c = ideal(10)

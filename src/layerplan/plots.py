@@ -61,6 +61,7 @@ def timeline_plot(pred, path: str | Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.9 * len(roles)))
     colors = {"compute": "tab:blue", "comm": "tab:orange"}
     seen = set()
+    texts: dict[tuple[int, float], list[tuple[float, float]]] = {}  # row → labelled spans (merged groups overlap)
     for e in pred.timeline:
         y = roles.index(e.group)
         kind = e.tag if e.tag in colors else "comm"
@@ -69,8 +70,11 @@ def timeline_plot(pred, path: str | Path, title: str) -> None:
         off = 0.2 if kind == "comm" else -0.2
         ax.barh(y + off, (e.end_s - e.start_s) * 1e3, left=e.start_s * 1e3, height=0.35, color=colors[kind],
                 edgecolor="black", linewidth=0.4, label=label)
-        if (e.end_s - e.start_s) > 0.06 * max(pred.step_time_s, 1e-12):
-            ax.text((e.start_s + e.end_s) / 2 * 1e3, y + off, e.name, ha="center", va="center", fontsize=7)
+        spans = texts.setdefault((y, off), [])
+        if (e.end_s - e.start_s) > 0.06 * max(pred.step_time_s, 1e-12) and not any(
+                a < e.end_s and e.start_s < b for a, b in spans):
+            spans.append((e.start_s, e.end_s))
+            ax.text((e.start_s + e.end_s) / 2 * 1e3, y + off, e.name.split("@")[0], ha="center", va="center", fontsize=7)
     ax.set_yticks(range(len(roles)), [f"{r} (×{pred.groups[r]})" for r in roles])
     ax.set_xlabel("time within the step (ms)")
     ax.set_title(title, fontsize=9)

@@ -95,7 +95,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
 from layerplan.cost.collectives import ALLREDUCE, SCHEMES, collective_cost
@@ -238,6 +238,11 @@ class StepGraph:
     """Builder form: iteration i's tasks with their final names (``tasks`` must then be empty)."""
     iterations: int = 1
     """Iterations ``simulate`` unrolls when not told otherwise (≥ 2 for asynchronous schedules)."""
+    report_as: Mapping[str, str] = field(default_factory=dict)
+    """Group → the role its figures are reported under (groups absent report as themselves). For
+    nodes of one role that run out of phase, e.g. RALP's workers, which the PS worker serves one
+    after another: each is its own group in the simulation, one role in the Prediction (figures
+    per node are node-weighted means over the groups, totals are sums)."""
 
     def __post_init__(self) -> None:
         groups = dict(self.groups)
@@ -247,6 +252,13 @@ class StepGraph:
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ConfigError(f"step graph: role {role!r} needs at least 1 node, got {n!r}")
         object.__setattr__(self, "groups", groups)
+        report_as = dict(self.report_as)
+        for g, role in report_as.items():
+            if g not in groups:
+                raise ConfigError(f"step graph: report_as names {g!r}, which is not a group (groups: {', '.join(groups)})")
+            if not isinstance(role, str) or not role or (role in groups and report_as.get(role, role) != role):
+                raise ConfigError(f"step graph: group {g!r} cannot report as {role!r}")
+        object.__setattr__(self, "report_as", report_as)
         object.__setattr__(self, "tasks", tuple(self.tasks))
         if not isinstance(self.samples_per_step, (int, float)) or isinstance(self.samples_per_step, bool) or self.samples_per_step < 0:
             raise ConfigError(f"step graph: samples_per_step must be a non-negative number, got {self.samples_per_step!r}")
@@ -812,7 +824,7 @@ def _predict(graph: StepGraph, acts: list[_Act], res: _Resources, k: int,
     latency_share = share(_union_clipped(latency_iv, lo, hi))
     bottleneck = _bottleneck(res, saturated, nic_busy, latency_share)
     total = sum(sent.values()) / count
-    return Prediction(
+    pred = Prediction(
         step_time_s=step,
         samples_per_step=graph.samples_per_step,
         throughput_samples_per_s=graph.samples_per_step / step if step > 0 else math.inf,
@@ -832,6 +844,58 @@ def _predict(graph: StepGraph, acts: list[_Act], res: _Resources, k: int,
         iterations=k,
         window_s=(lo, hi),
     )
+    return _report_as(pred, graph.report_as) if graph.report_as else pred
+
+
+def _report_as(pred: Prediction, report_as: Mapping[str, str]) -> Prediction:
+    """``pred`` with the groups of ``report_as`` merged into their roles (StepGraph.report_as)."""
+    role = {g: report_as.get(g, g) for g in pred.groups}
+    nodes: dict[str, int] = {}
+    for g, n in pred.groups.items():
+        nodes[role[g]] = nodes.get(role[g], 0) + n
+
+    def per_node(d: Mapping[str, float]) -> dict[str, float]:  # node-weighted mean
+        out = dict.fromkeys(nodes, 0.0)
+        for g, v in d.items():
+            out[role[g]] += v * pred.groups[g] / nodes[role[g]]
+        return out
+
+    def summed(d: Mapping[str, float]) -> dict[str, float]:
+        out = dict.fromkeys(nodes, 0.0)
+        for g, v in d.items():
+            out[role[g]] += v
+        return out
+
+    def resource(name: str) -> tuple[str, int]:  # "worker3 NIC egress" → ("worker NIC egress", 1 node)
+        g, _, rest = name.partition(" ")
+        return (f"{role[g]} {rest}", pred.groups[g]) if g in role and rest else (name, 0)
+
+    def resources(d: Mapping[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, v in d.items():
+            key, n = resource(name)
+            out[key] = out.get(key, 0.0) + (v * n / nodes[role[name.partition(" ")[0]]] if n else v)
+        return out
+
+    breakdown = {r: {} for r in nodes}
+    for g, b in pred.breakdown.items():
+        for f, v in b.items():
+            breakdown[role[g]][f] = breakdown[role[g]].get(f, 0.0) + v * pred.groups[g] / nodes[role[g]]
+    links: dict[str, float] = {}
+    for key, b in pred.bytes_per_link.items():
+        src, _, dst = key.partition("->")
+        k2 = f"{role.get(src, src)}->{role.get(dst, dst)}"
+        links[k2] = links.get(k2, 0.0) + b
+    head, _, tail = pred.bottleneck.partition(" ")
+    return replace(
+        pred, groups=nodes, breakdown=breakdown,
+        bytes_sent_per_node=per_node(pred.bytes_sent_per_node),
+        bytes_received_per_node=per_node(pred.bytes_received_per_node),
+        bytes_sent_by_role=summed(pred.bytes_sent_by_role),
+        payload_sent_per_node=per_node(pred.payload_sent_per_node),
+        bytes_per_link=links, utilization=resources(pred.utilization), saturated=resources(pred.saturated),
+        bottleneck=f"{role[head]} {tail}" if head in role and tail else pred.bottleneck,
+        timeline=tuple(e._replace(group=role.get(e.group, e.group)) for e in pred.timeline))
 
 
 def _bottleneck(res: _Resources, saturated: Mapping[str, float], nic_busy: Mapping[str, float], latency_share: float) -> str:

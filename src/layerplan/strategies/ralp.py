@@ -21,6 +21,10 @@ from layerplan.plan import ralp as profiler
 from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
 
 
+WAVES = 8
+"""The schedule simulates the workers as at most this many groups, served by the PS worker in turn."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RalpConfig:
     workers: int
@@ -111,17 +115,34 @@ class Ralp(Strategy):
         head, tail = net.head(config.split), net.tail(config.split)
         act = net.layer(config.split).out_bytes * batch
         p_head, p_tail = param_bytes(head), param_bytes(tail)
-        # RALP: the PS worker processes one worker's activations at a time (not interleaved).
-        t_tail = n_w * (fwd_s(net, tail, cluster, batch) + bwd_s(net, tail, cluster, batch))
-        tasks = [
-            Compute(name="head_fwd", group="worker", seconds=fwd_s(net, head, cluster, batch)),
-            Transfer(name="activations", src="worker", dst="ps", bytes_per_flow=act, pattern="spread", deps=("head_fwd",)),
-            Compute(name="tail_fwd_bwd", group="ps", seconds=t_tail, deps=("activations",)),
-            Transfer(name="act_grads", src="ps", dst="worker", bytes_per_flow=act, pattern="broadcast", deps=("tail_fwd_bwd",)),
-            Compute(name="head_bwd", group="worker", seconds=bwd_s(net, head, cluster, batch), deps=("act_grads",)),
-            Transfer(name="push_head", src="worker", dst="ps", bytes_per_flow=p_head, pattern="spread", deps=("head_bwd",)),
-            Compute(name="update", group="ps", seconds=update_s(p_head, cluster, gradients_summed=n_w) + update_s(p_tail, cluster),
-                    deps=("push_head",)),
-            Transfer(name="pull_head", src="ps", dst="worker", bytes_per_flow=p_head, pattern="broadcast", deps=("update",)),
-        ]
-        return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=n_w * batch)
+        # RALP: the PS worker processes one worker's activations at a time (not interleaved) and
+        # returns each worker its activation gradient as soon as that worker is served
+        # (runtime/roles/ralp.py), so a worker's head backward overlaps the tail of the workers after
+        # it. The workers are simulated as up to WAVES groups served in turn (one worker each when
+        # n_w ≤ WAVES), reported as the one role "worker".
+        t_tail = fwd_s(net, tail, cluster, batch) + bwd_s(net, tail, cluster, batch)
+        waves = [n_w // min(n_w, WAVES) + (j < n_w % min(n_w, WAVES)) for j in range(min(n_w, WAVES))]
+        names = [f"worker{j}" for j in range(len(waves))]
+        t_fwd, t_bwd = fwd_s(net, head, cluster, batch), bwd_s(net, head, cluster, batch)
+        tasks = []
+        for j, w in enumerate(names):
+            tasks += [
+                Compute(name=f"head_fwd@{w}", group=w, seconds=t_fwd),
+                Transfer(name=f"activations@{w}", src=w, dst="ps", bytes_per_flow=act, pattern="spread",
+                         deps=(f"head_fwd@{w}",)),
+                Compute(name=f"tail_fwd_bwd@{w}", group="ps", seconds=waves[j] * t_tail,
+                        deps=(f"activations@{w}",) + ((f"tail_fwd_bwd@{names[j - 1]}",) if j else ())),
+                Transfer(name=f"act_grads@{w}", src="ps", dst=w, bytes_per_flow=act, pattern="broadcast",
+                         deps=(f"tail_fwd_bwd@{w}",)),
+                Compute(name=f"head_bwd@{w}", group=w, seconds=t_bwd, deps=(f"act_grads@{w}",)),
+                Transfer(name=f"push_head@{w}", src=w, dst="ps", bytes_per_flow=p_head, pattern="spread",
+                         deps=(f"head_bwd@{w}",)),
+            ]
+        tasks.append(Compute(name="update", group="ps",
+                             seconds=update_s(p_head, cluster, gradients_summed=n_w) + update_s(p_tail, cluster),
+                             deps=(f"tail_fwd_bwd@{names[-1]}",) + tuple(f"push_head@{w}" for w in names)))
+        tasks += [Transfer(name=f"pull_head@{w}", src="ps", dst=w, bytes_per_flow=p_head, pattern="broadcast",
+                           deps=("update",)) for w in names]
+        groups = dict(zip(names, waves)) | {"ps": 1}
+        return StepGraph(groups=groups, tasks=tuple(tasks), samples_per_step=n_w * batch,
+                         report_as=dict.fromkeys(names, "worker"))
