@@ -191,6 +191,31 @@ def test_staleness_summary_and_async_losses():
     assert m["loss"] == [1.0, 0.5] and m["group_updates"] == [1, 2]
 
 
+def test_groups_step_time_is_the_round_time_of_their_throughput():
+    """Asynchronous groups: each group's mean iteration (its slowest machine per step) after the two
+    warm-up steps, combined as throughputs — not the median of the slowest rank's steps, which
+    would take the slower of two out-of-phase groups every step."""
+    s = spec(strategy="groups", config={"machines": 4, "groups": 2}, batch_size=2)
+    assert s.warmup_steps == 2 and spec(config={"workers": 2}).warmup_steps == 1
+
+    def frag(rank, kind, walls):
+        return {"rank": rank, "kind": kind, "checkpoint_bytes_sent": 0, "records": [
+            {"step": i, "wall_s": w, "compute_s": 0.0, "comm_s": w, "sent_bytes": 1, "recv_bytes": 1, "loss": None}
+            for i, w in enumerate(walls)]}
+
+    # group 0 (ranks 0, 1) alternates 1 s / 3 s, group 1 (ranks 2, 3) 3 s / 1 s; the servers' steps are
+    # whatever arrivals came next (left out); the first two steps are warm-up
+    frags = [frag(0, "conv_machine", [9, 9, 1, 3, 1, 3]), frag(1, "conv_machine", [9, 9, 1, 2, 1, 2]),
+             frag(2, "conv_machine", [9, 9, 3, 1, 3, 1]), frag(3, "conv_machine", [9, 9, 2, 1, 2, 1]),
+             frag(4, "fc_server", [9, 9, 5, 5, 5, 5]), frag(5, "conv_model_server", [9, 9, 5, 5, 5, 5])]
+    m = summarize(frags, s, layout(s), 6, 8)
+    assert m["step_time_s"] == pytest.approx(2.0)  # both groups: 2 s per iteration on average
+    assert m["throughput_samples_per_s"] == pytest.approx(4.0)
+    frags[2] = frag(2, "conv_machine", [9, 9, 4, 4, 4, 4])  # group 1 at 4 s: 1/(½·(1/2 + 1/4)) s per round
+    assert summarize(frags, s, layout(s), 6, 8)["step_time_s"] == pytest.approx(1 / (0.5 * (1 / 2 + 1 / 4)))
+    assert m["step_times_s"][2] == 5  # the per-step record is still the slowest rank's
+
+
 def test_predict_merges_the_engines_groups_into_conv_machines():
     from layerplan.runtime.predict import predict_run
 

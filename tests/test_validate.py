@@ -32,6 +32,9 @@ def test_summary_statistics_follow_their_definitions():
     # scenario a: stanza fastest both ways; scenario b: predicted ps (1.0 s) but measured stanza (1.0 vs 2.0)
     assert {(b["model"], b["match"]) for b in s["scenarios"]} == {("a", True), ("b", False)}
     assert s["best_match_fraction"] == 0.5
+    # b: the predicted best (ps) measured 2.0 s against stanza's 1.0 s: following it costs half the throughput
+    assert {b["model"]: b["choice_loss"] for b in s["scenarios"]} == {"a": 0.0, "b": pytest.approx(0.5)}
+    assert s["max_choice_loss"] == pytest.approx(0.5)
     sp = {(x["model"], x["vs"]): x for x in s["speedups"]}
     assert sp[("a", "ps")]["measured"] == pytest.approx(4.0) and sp[("a", "ps")]["predicted"] == pytest.approx(1.1 / 0.26)
 

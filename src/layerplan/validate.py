@@ -344,8 +344,10 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         p = max(rs, key=lambda r: r["predicted_throughput"])
         m = max(rs, key=lambda r: r["measured_throughput"])
         pl, ml = p.get("label", p["strategy"]), m.get("label", m["strategy"])
+        # what following the prediction costs: the predicted best's measured throughput short of the best's
+        loss = 1.0 - p["measured_throughput"] / m["measured_throughput"] if m["measured_throughput"] > 0 else 0.0
         best.append({"model": key[0], "workers": key[1], "rate": key[2], "predicted_best": pl,
-                     "measured_best": ml, "match": pl == ml})
+                     "measured_best": ml, "match": pl == ml, "choice_loss": loss})
     return {
         "configurations": len(rows),
         "median_abs_error": statistics.median(errs) if errs else None,
@@ -356,6 +358,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "slow_rows": sum(1 for x in speeds if x < SLOW_SPEED),
         "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "best_match_fraction": (sum(b["match"] for b in best) / len(best)) if best else None,
+        "max_choice_loss": max((b["choice_loss"] for b in best), default=None),
         "scenarios": best,
         "speedups": speedups(rows),
     }
@@ -567,7 +570,9 @@ def print_summary(doc: dict, con=None) -> None:
               f"p90 {pc(s['p90_abs_error'])}, max {pc(s['max_abs_error'])}; presets only: median "
               f"{pc(s['preset_median_abs_error'])}; Spearman ρ "
               f"{'–' if s['spearman'] is None else format(s['spearman'], '.3f')}; predicted best = measured best in "
-              f"{pc(s['best_match_fraction'])} of scenarios")
+              f"{pc(s['best_match_fraction'])} of scenarios" + (
+                  f" (where not, the predicted best ran at most {pc(s['max_choice_loss'])} below the measured best)"
+                  if s.get("max_choice_loss") else ""))
     if s.get("speed_range"):
         lo, hi = s["speed_range"]
         con.print(f"  one thread of this machine ran at {lo:.2f}–{hi:.2f}× its calibration-time speed "
@@ -577,7 +582,8 @@ def print_summary(doc: dict, con=None) -> None:
                       "(something else took the CPU): their errors measure that too[/]")
     for b in s["scenarios"]:
         con.print(f"  {b['model']}, {b['workers']} workers, {b['rate']}: predicted best {b['predicted_best']}, "
-                  f"measured best {b['measured_best']} {'✓' if b['match'] else '✗'}")
+                  f"measured best {b['measured_best']} " + ("✓" if b["match"] else
+                  f"✗ (the predicted best ran {100 * b.get('choice_loss', 0.0):.1f}% below it)"))
     for sp in s["speedups"]:
         con.print(f"  stanza vs {sp['vs']} ({sp['model']}, {sp['workers']} workers, {sp['rate']}): measured "
                   f"{sp['measured']:.2f}×, predicted {sp['predicted']:.2f}× ({100 * sp['error']:+.1f}%)")

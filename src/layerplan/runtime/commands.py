@@ -305,7 +305,8 @@ def print_summary(m: dict) -> None:
     losses = [x for x in m["loss"] if x is not None]
     con.print(f"[bold]{m['strategy']}[/bold] ({cfg}) on {m['model']}: {m['world_size']} ranks, global batch "
               f"{m['global_batch']}, steps {m['steps'][0]}–{m['steps'][-1]}" if m["steps"] else "no steps run")
-    con.print(f"step time {units.format_seconds(m['step_time_s'])} (median after {m['warmup_steps']} warm-up), "
+    how = ("a round at the groups' throughput" if m["strategy"] == "groups" else "median")
+    con.print(f"step time {units.format_seconds(m['step_time_s'])} ({how} after {m['warmup_steps']} warm-up), "
               f"throughput {m['throughput_samples_per_s']:.1f} samples/s, "
               f"bytes per step {units.format_bytes(m['bytes_per_step']['total'])}"
               + (f", loss {losses[0]:.4f} → {losses[-1]:.4f}" if losses else ""))
