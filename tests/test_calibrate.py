@@ -4,6 +4,7 @@ layerplan's loader (and the CLI), and one real point-to-point measurement gives 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -233,3 +234,14 @@ def test_bad_profile_arguments_exit_2(capsys):
     assert "zoo names" in capsys.readouterr().err
     assert cli.main(["calibrate", "--profile", "debug", "--profile-batches", "16,x"]) == 2
     assert "--profile-batches" in capsys.readouterr().err
+
+
+def test_speed_probe_on_one_thread_and_on_loaded_cores():
+    """FLOP/s of the probe's calls: the fastest on one thread; the median per thread with two at once."""
+    import torch
+
+    threads = torch.get_num_threads()
+    one = calibrate.speed_probe(window_s=0.05)
+    two = calibrate.speed_probe(window_s=0.05, threads=2)
+    assert one > 0 and two > 0 and math.isfinite(one) and math.isfinite(two)
+    assert torch.get_num_threads() == threads  # restored

@@ -690,41 +690,65 @@ def _emit(**msg) -> None:
 PROBE_WINDOW_S = 0.5
 
 
-def speed_probe(window_s: float = PROBE_WINDOW_S) -> float:
+def speed_probe(window_s: float = PROBE_WINDOW_S, threads: int = 1) -> float:
     """This machine's compute speed now: FLOP/s of a fixed convolution + matrix product, forward and
     backward on one thread, the fastest call within ``window_s`` (the fastest: a call that another
     process interrupts is noise, a slower machine slows every call). ``validate`` runs it before
-    every configuration and records it against the same probe at calibration time."""
+    every configuration and records it against the same probe at calibration time.
+
+    ``threads`` > 1: the same calls on that many threads at once (one core each, as a run's ranks
+    load the shared cores), FLOP/s per thread of the median call — the speed of a loaded machine,
+    which need not move with one thread's (turbo, shared caches, the host's other tenants)."""
+    import statistics
+    import threading
+
     import torch
     from torch import nn
     from torch.utils.flop_counter import FlopCounterMode
 
-    threads = torch.get_num_threads()
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         gen = torch.Generator().manual_seed(0)
-        conv = nn.Conv2d(128, 128, 3, padding=1)
-        x = torch.randn(16, 128, 16, 16, generator=gen, requires_grad=True)
-        fc = nn.Linear(2048, 2048)
-        z = torch.randn(64, 2048, generator=gen, requires_grad=True)
 
-        def call() -> None:
-            conv(x).sum().backward()
-            fc(z).sum().backward()
+        def make():
+            conv = nn.Conv2d(128, 128, 3, padding=1)
+            x = torch.randn(16, 128, 16, 16, generator=gen, requires_grad=True)
+            fc = nn.Linear(2048, 2048)
+            z = torch.randn(64, 2048, generator=gen, requires_grad=True)
 
+            def call() -> None:
+                conv(x).sum().backward()
+                fc(z).sum().backward()
+            return call
+
+        calls = [make() for _ in range(threads)]
         with FlopCounterMode(display=False) as counter:  # also the warm-up
-            call()
+            calls[0]()
         flops = counter.get_total_flops()
-        best, end = math.inf, time.perf_counter() + window_s
-        while True:
-            t0 = time.perf_counter()
-            call()
-            t1 = time.perf_counter()
-            best = min(best, t1 - t0)
-            if t1 >= end:
-                return flops / best
+        times: list[list[float]] = [[] for _ in calls]
+
+        def loop(j: int, end: float) -> None:
+            while True:
+                t0 = time.perf_counter()
+                calls[j]()
+                t1 = time.perf_counter()
+                times[j].append(t1 - t0)
+                if t1 >= end:
+                    return
+
+        end = time.perf_counter() + window_s
+        if threads == 1:
+            loop(0, end)
+            return flops / min(times[0])
+        workers = [threading.Thread(target=loop, args=(j, end)) for j in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return flops / statistics.median(t for ts in times for t in ts)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def _per_call_s(fn, min_iters: int, window_s: float) -> float:

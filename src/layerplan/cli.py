@@ -406,7 +406,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     done: list[dict] = []
     calibrated = None
-    speed_reference = None  # None: validate probes the machine's speed when it starts
+    speed_reference = load_reference = None  # None: validate probes the machine's speed when it starts
     if args.repredict:
         return _validate_repredict(args, out)
     if args.resume:
@@ -417,13 +417,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             doc = validate.load_json(previous)
             done = list(doc["rows"])
             speed_reference = doc.get("speed_reference_flops_per_s")
+            load_reference = doc.get("load_reference_flops_per_s")
             if doc.get("calibrated_cluster") and not args.calibration and not args.presets_only:
                 calibrated = cluster_from_dict(doc["calibrated_cluster"], str(previous))
         except (ValueError, KeyError, TypeError) as e:  # a bad cluster inside: its own one-line error
             raise ConfigError(f"--resume: {previous} is not a validate result ({e})") from None
     if args.calibration:
         calibrated = resolve_cluster(args.calibration)
-        speed_reference = None  # another calibration: its speed is the machine's when validate starts
+        speed_reference = load_reference = None  # another calibration: the machine's speed when validate starts
     elif args.dry_run and calibrated is None and not args.presets_only:
         pass  # the estimate uses the presets: calibrating takes minutes
     elif calibrated is None and not args.presets_only:
@@ -433,11 +434,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if not args.json:
             con.print("calibrating this machine's compute and profiling the matrix's layers "
                       "(quick; --calibration FILE reuses a calibration)")
-        before = calibrate.speed_probe()  # the speed the calibration saw: probed on both sides of it
+        # the speed the calibration saw: probed on both sides of it, one thread and both cores loaded
+        before, before_load = calibrate.speed_probe(), calibrate.speed_probe(threads=2)
         calibrated = calibrate.to_cluster(calibrate.calibrate(on="local", quick=True, progress=not args.json,
                                                               profile=matrix.models,
                                                               profile_batches=validate.profile_batches(matrix)))
         speed_reference = (before + calibrate.speed_probe()) / 2.0
+        load_reference = (before_load + calibrate.speed_probe(threads=2)) / 2.0
         from layerplan.runtime import emulate
 
         emulate.check_available()
@@ -453,6 +456,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                                                         if validate.key(c) in {validate.key(r) for r in done}]),
                                  args.json)
     doc = validate.validate(matrix, out, calibrated, done=done, speed_reference=speed_reference,
+                            load_reference=load_reference,
                             progress=None if args.json else (lambda what: con.print(f"[dim]running {what}[/]")))
     if args.json:
         emit_json({**doc["summary"], "rows": doc["rows"], "skipped": doc["skipped"]})

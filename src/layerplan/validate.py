@@ -264,7 +264,7 @@ def repredict(doc: dict, calibrated: hardware.ClusterSpec | None) -> dict:
         rows.append({**r, **prediction(r, emu, calibrated)})
     return {"summary": summarize(rows), "rows": rows, "skipped": doc.get("skipped", []),
             "calibrated_cluster": calibrated.to_dict() if calibrated else None,
-            **{k: v for k, v in doc.items() if k.startswith("speed_")}}
+            **{k: v for k, v in doc.items() if k.startswith(("speed_", "load_"))}}
 
 
 def too_slow(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix) -> str | None:
@@ -395,7 +395,8 @@ def link_cpu_s_per_byte(emu) -> float:
 
 def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | None = None,
              progress: Callable[[str], None] | None = None, skip: Callable[[Case, str], None] | None = None,
-             done: Iterable[dict] = (), speed_reference: float | None = None) -> dict:
+             done: Iterable[dict] = (), speed_reference: float | None = None,
+             load_reference: float | None = None) -> dict:
     """Run the matrix; returns {"summary", "rows", "skipped"} and writes validate.json + plots.
     ``done``: rows measured before (``--resume``); configurations among them are not run again.
 
@@ -404,7 +405,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     ``speed_reference`` (the probe at calibration time; None: now) is the row's ``speed``, a
     record of the machine's drift. It is not applied: one thread's speed overstates how a run's
     speed moves (in one full run the probe read 1.06-1.20× for 91 rows whose steps ran a median 3%
-    faster than predicted, not 10-20%)."""
+    faster than predicted, not 10-20%). The same probe on two threads at once (both cores loaded,
+    as the runs load them) against ``load_reference`` is the row's ``load_speed``, also a record."""
     from layerplan.runtime import emulate
     from layerplan.runtime.launch import RunError
     from layerplan.runtime.layout import world_size
@@ -435,7 +437,9 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
 
         if speed_reference is None:
             speed_reference = speed_probe()
-    meta = {"speed_reference_flops_per_s": speed_reference} if track else {}
+        if load_reference is None:
+            load_reference = speed_probe(threads=2)
+    meta = {"speed_reference_flops_per_s": speed_reference, "load_reference_flops_per_s": load_reference} if track else {}
     for rate in matrix.rates:
         batch = [c for c in todo if c.rate == rate]
         if not batch:
@@ -454,9 +458,11 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     progress(f"{c.model} {c.label} {c.workers}w {rate}")
                 try:
                     probe = speed_probe() if track else None
+                    load = speed_probe(threads=2) if track else None
                     row = run_case(c, emu, calibrated, matrix, out_dir / "runs")
                     if track:
-                        row.update(speed=probe / speed_reference, probe_flops_per_s=probe, link_cpu_s_per_byte=link_cpu)
+                        row.update(speed=probe / speed_reference, probe_flops_per_s=probe, link_cpu_s_per_byte=link_cpu,
+                                   load_speed=load / load_reference, load_probe_flops_per_s=load)
                     rows.append({**row, **prediction(row, emu, calibrated)})
                 except RunError as e:  # one failed configuration is reported, the matrix goes on
                     reason = f"failed: {e}"
