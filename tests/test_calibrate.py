@@ -227,6 +227,30 @@ def test_profiling_times_every_layer_the_engine_asks_for(tmp_path):
         assert row["batches"] == [2, 8] and all(t > 0 for t in row["fwd_s"])
     dev = replace(hardware.DEVICES["cpu-core"], profiled_layers=calibrate.profiled_layers(prof))
     assert all(dev.profiled(k) is not None for k in keys)
+    (whole,) = prof["whole"]  # the whole pass, and the layer times scaled to it
+    assert whole["net"] == "debug" and whole["batches"] == [2, 8] and set(whole["counts"]) == keys
+    assert all(t > 0 for t in whole["fwd_s"] + whole["bwd_s"])
+    for d in ("fwd", "bwd"):
+        for i, b in enumerate(whole["batches"]):
+            parts = sum(c * next(r for r in prof["layers"] if r["key"] == k)[f"{d}_s"][i] for k, c in whole["counts"].items())
+            assert parts == pytest.approx(whole[f"{d}_s"][i], rel=1e-9)
+
+
+def test_layer_times_scale_to_their_nets_whole_pass():
+    """Per net, direction and batch the layers' times are scaled so that they add up to the whole
+    pass; a layer in two nets gets the mean of their factors."""
+    rows = [{"key": "a", "batches": [4], "fwd_s": [1.0], "bwd_s": [2.0]},
+            {"key": "b", "batches": [4], "fwd_s": [3.0], "bwd_s": [1.0]},
+            {"key": "c", "batches": [4], "fwd_s": [5.0], "bwd_s": [5.0]}]
+    nets = [{"net": "x", "counts": {"a": 2, "b": 1}, "batches": [4], "fwd_s": [10.0], "bwd_s": [5.0]},  # 5 → 10, 5 → 5
+            {"net": "y", "counts": {"b": 1}, "batches": [4], "fwd_s": [3.0], "bwd_s": [3.0]}]  # 3 → 3, 1 → 3
+    calibrate.scale_to_whole_pass(rows, nets)
+    assert nets[0]["fwd_scale"] == [2.0] and nets[0]["bwd_scale"] == [1.0]
+    assert nets[1]["fwd_scale"] == [1.0] and nets[1]["bwd_scale"] == [3.0]
+    a, b, c = rows
+    assert a["fwd_s"] == [2.0] and a["bwd_s"] == [2.0] and a["fwd_alone_s"] == [1.0]
+    assert b["fwd_s"] == [pytest.approx(4.5)] and b["bwd_s"] == [pytest.approx(2.0)]  # means of 2, 1 and 1, 3
+    assert c["fwd_s"] == [5.0] and "fwd_alone_s" not in c  # in no measured net: as timed
 
 
 def test_bad_profile_arguments_exit_2(capsys):
