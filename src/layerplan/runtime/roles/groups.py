@@ -117,11 +117,12 @@ class ConvMachine(RoleBase):
         self.head = split.head.to(ctx.device)
         self.params = list(self.head.parameters())
         self.fc, self.conv_model = ctx.role.peers
+        self.n_params = sum(p.numel() for p in self.params)
 
     def step(self, s: int) -> None:
         import torch
 
-        model = torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype, device=self.ctx.device)
+        model = self.scratch("model", (self.n_params,), self.params[0].dtype)
         self.wait([self.irecv(model, self.conv_model, tag(s, PULL))])
         x = self.inputs(s)
         with self.meter.compute():
@@ -134,7 +135,7 @@ class ConvMachine(RoleBase):
             for p in self.params:
                 p.grad = None
             h.backward(grad)
-            g = flat_grads(self.params)
+            g = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
         self.wait([self.isend(g, self.conv_model, tag(s, PUSH))])
 
     def state_dict(self) -> dict:
@@ -248,11 +249,15 @@ class ConvModelServer(_Sends, RoleBase):
         import torch
         import torch.distributed as dist
 
-        snapshot = self.w.detach().clone()  # the model keeps changing while the sends are in flight
+        # the model keeps changing while the sends are in flight: group j's own copy, reused once
+        # its previous sends were reaped (its push arrived)
+        shape, dtype = self.w.shape, self.w.dtype
+        with torch.no_grad():
+            snapshot = self.scratch(f"snapshot{j}", shape, dtype).copy_(self.w)
         it = self.next_iter[j]
         self.pending[j] = [(dist.isend(snapshot, dst=r, tag=tag(it, PULL)), snapshot) for r in self.groups[j]]
         self.pulled_at[j] = self.version
-        bufs = [torch.empty_like(snapshot) for _ in self.groups[j]]
+        bufs = [self.scratch(f"push{j}.{i}", shape, dtype) for i in range(len(self.groups[j]))]
         works = [dist.irecv(buf, src=r, tag=tag(it, PUSH)) for buf, r in zip(bufs, self.groups[j])]
         self.arrivals.expect(j, works, bufs)
 
@@ -270,7 +275,7 @@ class ConvModelServer(_Sends, RoleBase):
                 self.meter.sent(buf)
                 self.meter.recv(buf)
             with self.meter.compute():
-                g = bufs[0].clone()
+                g = self.scratch("grad", bufs[0].shape, bufs[0].dtype).copy_(bufs[0])
                 for buf in bufs[1:]:
                     g += buf  # the group's gradient: the k machines' parts of one group batch, summed
                 self.w.grad = g

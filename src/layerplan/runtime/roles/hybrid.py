@@ -79,6 +79,7 @@ class ConvWorker(RoleBase):
         super().__init__(ctx)
         self.head = head.to(ctx.device)
         self.params = list(self.head.parameters())
+        self.n_params = sum(p.numel() for p in self.params)
         self.opt = self.sgd(self.params)
         self.group = g_conv
         self.targets = targets
@@ -102,7 +103,7 @@ class ConvWorker(RoleBase):
             self.opt.zero_grad(set_to_none=True)
             h.backward(grad)
             if self.group is not None:
-                flat = flat_grads(self.params)
+                flat = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
         if self.group is not None:
             self.all_reduce(flat, group=self.group)
             with self.meter.compute():
@@ -340,7 +341,8 @@ class FcMachine(RoleBase):
                 gx = xs[i].grad
             if not blk.partitioned and self.group is not None and blk.params:
                 with self.meter.compute():
-                    flat = flat_grads(blk.params)
+                    flat = flat_grads(blk.params, out=self.scratch(f"grad{i}", (sum(p.numel() for p in blk.params),),
+                                                                  blk.params[0].dtype))
                 self.meter.collective(flat)
                 reduces.append((blk, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
             if i:

@@ -26,9 +26,9 @@ class Worker(RoleBase):
         self.servers = ctx.role.peers
         self.shards = ps_shards(sum(p.numel() for p in self.params), len(self.servers))
         self.n_workers = len(ctx.roles[self.servers[0]].peers)
+        self.n_params = sum(p.numel() for p in self.params)
 
     def step(self, s: int) -> None:
-        import torch
         import torch.nn.functional as F
 
         x, y = self.batch(s)
@@ -37,8 +37,8 @@ class Worker(RoleBase):
                 p.grad = None
             loss = F.cross_entropy(self.model(x), y)
             loss.backward()
-            g = flat_grads(self.params)
-        new = torch.empty_like(g)
+            g = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
+        new = self.scratch("params", g.shape, g.dtype)
         works = []
         for (a, b), srv in zip(self.shards, self.servers):
             works.append(self.isend(g[a:b], srv, tag(s, PUSH)))
@@ -72,16 +72,15 @@ class Server(RoleBase):
         ctx.module = None  # the server keeps its shard only
 
     def step(self, s: int) -> None:
-        import torch
-
-        bufs = [torch.empty_like(self.shard.data) for _ in self.workers]
+        shape, dtype = self.shard.shape, self.shard.dtype
+        bufs = [self.scratch(f"push{i}", shape, dtype) for i in range(len(self.workers))]
         works = [self.irecv(buf, w, tag(s, PUSH)) for buf, w in zip(bufs, self.workers)]
         self.wait(works)
         with self.meter.compute():
-            g = bufs[0].clone()
+            g = self.scratch("grad", shape, dtype).copy_(bufs[0])
             for buf in bufs[1:]:
                 g += buf
-            self.shard.grad = g / len(self.workers)
+            self.shard.grad = g.div_(len(self.workers))
             self.opt.step()
             out = self.shard.detach()
         works = [self.isend(out, w, tag(s, PULL)) for w in self.workers]

@@ -34,6 +34,7 @@ class Worker(RoleBase):
         self.head = split.head.to(ctx.device)
         self.params = list(self.head.parameters())
         self.ps = ctx.role.peers[0]
+        self.n_params = sum(p.numel() for p in self.params)
 
     def step(self, s: int) -> None:
         import torch
@@ -50,8 +51,8 @@ class Worker(RoleBase):
             for p in self.params:
                 p.grad = None
             h.backward(grad)
-            g = flat_grads(self.params)
-            new = torch.empty_like(g)
+            g = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
+            new = self.scratch("params", g.shape, g.dtype)
         self.wait([self.isend(g, self.ps, tag(s, HEAD_GRAD)), self.irecv(new, self.ps, tag(s, HEAD_PARAMS))])
         with self.meter.compute():
             set_params(self.params, new)
@@ -99,13 +100,13 @@ class PsWorker(RoleBase):
                 total += loss.item()
             sends.append(self.isend(a.grad, w, tag(s, ACT_GRAD)))
         # posted after the activation gradients: NCCL runs one pair's p2p operations in order
-        hgrads = ([torch.empty(self.n_head, dtype=self.head_params[0].dtype, device=dev) for _ in self.workers]
+        hgrads = ([self.scratch(f"head_grad{i}", (self.n_head,), self.head_params[0].dtype) for i in range(len(self.workers))]
                   if self.n_head else [])
         hg_works = [self.irecv(g, w, tag(s, HEAD_GRAD)) for g, w in zip(hgrads, self.workers)]
         if self.n_head:
             self.wait(hg_works)
             with self.meter.compute():
-                g = hgrads[0].clone()
+                g = self.scratch("head_grad", (self.n_head,), self.head_params[0].dtype).copy_(hgrads[0])
                 for other in hgrads[1:]:
                     g += other
                 set_grads(self.head_params, g)

@@ -49,6 +49,7 @@ class ConvWorker(RoleBase):
         super().__init__(ctx)
         self.head = split.head.to(ctx.device)
         self.params = list(self.head.parameters())
+        self.n_params = sum(p.numel() for p in self.params)
         self.opt = self.sgd(self.params)
         self.group = g_conv
         self.fc = ctx.role.peers[0]
@@ -70,7 +71,7 @@ class ConvWorker(RoleBase):
             self.opt.zero_grad(set_to_none=True)
             h.backward(grad)
             if self.group is not None:
-                g = flat_grads(self.params)
+                g = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
         if self.group is not None:
             self.all_reduce(g, group=self.group)
             with self.meter.compute():
@@ -109,6 +110,7 @@ class FcWorker(RoleBase):
         super().__init__(ctx)
         self.tail = split.tail.to(ctx.device)
         self.params = list(self.tail.parameters())
+        self.n_params = sum(p.numel() for p in self.params)
         self.opt = self.sgd(self.params)
         self.group = g_fc
         self.convs = ctx.role.peers
@@ -134,7 +136,7 @@ class FcWorker(RoleBase):
         sends = [self.isend(g, c, tag(s, GRAD)) for g, c in zip(slices, self.convs)]
         if self.group is not None:
             with self.meter.compute():
-                g = flat_grads(self.params)
+                g = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
             self.all_reduce(g, group=self.group)
             with self.meter.compute():
                 set_grads(self.params, g)
