@@ -37,6 +37,10 @@ def test_summary_statistics_follow_their_definitions():
     assert s["max_choice_loss"] == pytest.approx(0.5)
     sp = {(x["model"], x["vs"]): x for x in s["speedups"]}
     assert sp[("a", "ps")]["measured"] == pytest.approx(4.0) and sp[("a", "ps")]["predicted"] == pytest.approx(1.1 / 0.26)
+    ps = s["by_strategy"]["ps"]  # a: +10%, b: −50%
+    assert ps["configurations"] == 2 and ps["median_abs_error"] == pytest.approx(0.3) and ps["max_abs_error"] == pytest.approx(0.5)
+    assert ps["p90_abs_error"] == pytest.approx(0.46)
+    assert set(s["by_strategy"]) == {"ps", "allreduce", "stanza"}
 
 
 def test_spearman_is_rank_correlation():

@@ -361,7 +361,17 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "max_choice_loss": max((b["choice_loss"] for b in best), default=None),
         "scenarios": best,
         "speedups": speedups(rows),
+        "by_strategy": by_strategy(rows),
     }
+
+
+def by_strategy(rows: list[dict]) -> dict[str, dict[str, Any]]:
+    """Per strategy: its rows, and the median, p90 and max |error| over them."""
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        groups.setdefault(r["strategy"], []).append(abs(r["error"]))
+    return {k: {"configurations": len(v), "median_abs_error": statistics.median(v), "p90_abs_error": percentile(v, 90),
+                "max_abs_error": max(v)} for k, v in groups.items()}
 
 
 def speedups(rows: list[dict]) -> list[dict]:
@@ -579,6 +589,10 @@ def print_summary(doc: dict, con=None) -> None:
               f"{pc(s['best_match_fraction'])} of scenarios" + (
                   f" (where not, the predicted best ran at most {pc(s['max_choice_loss'])} below the measured best)"
                   if s.get("max_choice_loss") else ""))
+    if s.get("by_strategy"):
+        con.print("  by strategy, median / p90 / max |error|: " + "; ".join(
+            f"{k} ({v['configurations']}) {pc(v['median_abs_error'])} / {pc(v['p90_abs_error'])} / {pc(v['max_abs_error'])}"
+            for k, v in s["by_strategy"].items()))
     if s.get("speed_range"):
         lo, hi = s["speed_range"]
         con.print(f"  one thread of this machine ran at {lo:.2f}–{hi:.2f}× its calibration-time speed "
