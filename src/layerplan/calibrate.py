@@ -1111,9 +1111,10 @@ def scale_to_whole_pass(rows: list[dict], nets: list[dict]) -> None:
     network's whole pass (``nets``: forward and forward + backward of the whole module at each
     batch, with how many of its layers each key times). A layer timed alone, call after call,
     finds its weights and input in the caches and no autograd bookkeeping around it; inside the
-    pass each layer's data was evicted by the layers between. Measured here with one thread at
-    batch 16: alexnet_cifar's whole pass took 1.24× (forward) and 1.40× (backward) the sum of its
-    layers alone, vgg16_cifar 1.14× / 1.20×, resnet_cifar 1.14× / 0.89×.
+    pass each layer's data was evicted by the layers between. Measured here (`calibrate --quick
+    --profile alexnet_cifar,vgg16_cifar,resnet_cifar`, one thread, batch 16): alexnet_cifar's whole
+    pass took 1.28× (forward) and 1.09× (backward) the sum of its layers alone, vgg16_cifar
+    1.25× / 1.19×, resnet_cifar 1.35× / 0.98×.
 
     Per net, direction and batch: ``s = whole / Σ count·layer``; a layer shared by several nets
     gets the mean of their factors. Each net's record gains ``fwd_scale``/``bwd_scale`` (per batch)
