@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 from layerplan.runtime.roles import RoleBase, flat_grads, flat_params, set_params, tag
 
@@ -164,6 +165,7 @@ class FcServer(_Sends, RoleBase):
         self.meter.extra["group_updates"] = self.updates
         self.pending: list[list] = [[] for _ in self.groups]  # each group's gradient sends in flight
         self._started = False
+        self.t0 = time.perf_counter()
 
     def _expect(self, j: int) -> None:
         import torch
@@ -206,7 +208,8 @@ class FcServer(_Sends, RoleBase):
             if self.next_iter[j] < self.ctx.spec.steps:
                 self._expect(j)
             value = loss.item()
-            self.updates.append({"order": len(self.updates), "group": j, "iteration": it, "loss": value})
+            self.updates.append({"order": len(self.updates), "group": j, "iteration": it, "loss": value,
+                                 "t_s": time.perf_counter() - self.t0})
             self.meter.step_loss(it, value / len(self.groups))
         if s == self.ctx.spec.steps - 1:  # no barrier between steps: the groups stay asynchronous
             for j in range(len(self.groups)):
@@ -243,6 +246,7 @@ class ConvModelServer(_Sends, RoleBase):
         self.staleness: list[dict] = []
         self.pending: list[list] = [[] for _ in self.groups]  # each group's model sends in flight
         self._started = False
+        self.t0 = time.perf_counter()
         ctx.module = None  # the server keeps the flat conv model only
 
     def _send_model(self, j: int) -> None:
@@ -281,7 +285,7 @@ class ConvModelServer(_Sends, RoleBase):
                 self.w.grad = g
                 self.opt.step()
             self.staleness.append({"order": len(self.staleness), "group": j, "iteration": self.next_iter[j],
-                                   "staleness": self.version - self.pulled_at[j]})
+                                   "staleness": self.version - self.pulled_at[j], "t_s": time.perf_counter() - self.t0})
             self.version += 1
             self.next_iter[j] += 1
             if self.next_iter[j] < self.ctx.spec.steps:
