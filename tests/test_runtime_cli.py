@@ -57,6 +57,7 @@ def test_train_on_torchrun_writes_spec_and_prints_the_command(capsys, tmp_path):
      "only after the last step"),
     (["debug", "--strategy", "groups", "--groups", "1", "--init-from", "/nonexistent/ck"], "nothing to start from"),
     (["debug", "--strategy", "ps", "--groups", "2"], "--groups does not apply to ps"),
+    (["debug", "--strategy", "allreduce", "--no-overlap"], "--no-overlap does not apply to allreduce"),
 
     (["debug", "--strategy", "ps", "--workers", "100"], "more than makes sense"),
     (["debug", "--strategy", "ps", "--data", "mnist"], "data must be"),

@@ -28,9 +28,11 @@ def spec(**kw):
 # ---- RunSpec -------------------------------------------------------------------------------
 def test_runspec_json_round_trip_fills_config_defaults(tmp_path):
     s = spec(strategy="stanza", config={"conv_workers": 4}, steps=7, lr=0.1, data="digits", deterministic=True)
-    assert s.config == {"conv_workers": 4, "fc_workers": 1, "split": None}
+    assert s.config == {"conv_workers": 4, "fc_workers": 1, "split": None, "overlap": True}
     s.save(tmp_path / "s.json")
     assert RunSpec.load(tmp_path / "s.json") == s
+    with pytest.raises(ConfigError, match="overlap must be true or false"):
+        spec(strategy="stanza", config={"conv_workers": 2, "overlap": "yes"})
     assert RunSpec.from_json(s.to_json()).to_dict() == s.to_dict()
 
 

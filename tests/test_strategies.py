@@ -268,3 +268,21 @@ def test_every_zoo_model_and_strategy_answers_or_says_why(model):
     ranked = planner.rank(net, cluster, 16)
     assert ranked and ranked[0].throughput >= ranked[-1].throughput
     assert set(planner.why_not(net, cluster)) | {r.strategy for r in ranked} == set(strategies.STRATEGIES)
+
+
+def test_stanza_overlapped_allreduce_hides_backward_and_moves_the_same_bytes():
+    """StanzaRunConfig.bucket_bytes > 0 (DDP's buckets): the conv all-reduce starts during the conv
+    backward, so the step shrinks by at most the conv backward time; bytes per step are unchanged."""
+    pytest.importorskip("torch")  # the zoo is analysed with torch
+    from layerplan.netspec.load import resolve_model
+    from layerplan.strategies.stanza import StanzaRunConfig
+
+    net, _ = resolve_model("vgg16_cifar")
+    cluster = hardware.resolve_cluster("local-cpu", nodes=5, bandwidth="100Mbit")
+    after = strategies.predict(net, cluster, "stanza", StanzaRunConfig(conv_workers=4, bucket_bytes=0), 16)
+    during = strategies.predict(net, cluster, "stanza", StanzaRunConfig(conv_workers=4), 16)
+    t_bwd = bwd_s(net, net.conv_layers, cluster, 16)
+    assert during.step_time_s < after.step_time_s
+    assert after.step_time_s - during.step_time_s <= t_bwd * (1 + 1e-9)
+    assert during.total_bytes == pytest.approx(after.total_bytes)
+    assert during.payload_sent_per_node == pytest.approx(after.payload_sent_per_node)

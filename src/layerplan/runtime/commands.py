@@ -22,6 +22,7 @@ STRATEGY_OPTIONS = {  # CLI option -> (config key, strategies it applies to)
     "fc_workers": ("fc_workers", ("stanza", "hybrid")),
     "replicate": ("replicate", ("hybrid",)),
     "split": ("split", ("stanza", "ralp", "hybrid", "groups")),
+    "overlap": ("overlap", ("stanza",)),
     "ralp_setting": ("ralp_setting", ("ralp",)),
     "machines": ("machines", ("groups",)),
     "groups": ("groups", ("groups",)),
@@ -56,6 +57,9 @@ def register(subparsers) -> None:
     g.add_argument("--split", metavar="LAYER",
                    help="stanza/ralp/hybrid/groups: cut after this layer (default: the phase boundary / the RALP "
                         "profile's split)")
+    g.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
+                   help="stanza: all-reduce the conv gradient after the backward pass, as the paper does (default: "
+                        "during it, bucket by bucket as torch DDP does)")
     g.add_argument("--ralp-setting", choices=("N", "H"), help="ralp: RALP-N (N−1 workers) or RALP-H (N/2 workers)")
     g.add_argument("--groups", type=positive_int, metavar="G",
                    help="groups: Omnivore compute groups g (must divide --workers; 1 = synchronous, N = fully "
@@ -181,7 +185,8 @@ def spec_from_args(args: argparse.Namespace):
         if v is None:
             continue
         if args.strategy not in applies:
-            raise ConfigError(f"--{opt.replace('_', '-')} does not apply to {args.strategy} "
+            flag = "no-overlap" if opt == "overlap" else opt.replace("_", "-")
+            raise ConfigError(f"--{flag} does not apply to {args.strategy} "
                               f"(only to {', '.join(applies)})")
         config[key] = v
     if args.strategy in ("stanza", "hybrid"):

@@ -55,7 +55,8 @@ def strategy_config(spec, net) -> Any:
     if spec.strategy == "stanza":
         from layerplan.strategies.stanza import StanzaRunConfig
 
-        return StanzaRunConfig(conv_workers=c["conv_workers"], fc_workers=c["fc_workers"])  # gloo's ring
+        return StanzaRunConfig(conv_workers=c["conv_workers"], fc_workers=c["fc_workers"],  # gloo's ring
+                               **({} if c.get("overlap", True) else {"bucket_bytes": 0}))
     if spec.strategy == "ralp":
         return s.Config(workers=c["workers"], split=split_layer(spec, net), setting=c["ralp_setting"])
     if spec.strategy == "hybrid":

@@ -25,7 +25,7 @@ REQUIRED = object()
 CONFIG_KEYS: dict[str, dict[str, Any]] = {
     "ps": {"workers": REQUIRED, "servers": 1},
     "allreduce": {"workers": REQUIRED},
-    "stanza": {"conv_workers": REQUIRED, "fc_workers": 1, "split": None},
+    "stanza": {"conv_workers": REQUIRED, "fc_workers": 1, "split": None, "overlap": True},
     "ralp": {"workers": REQUIRED, "split": None, "ralp_setting": "N"},
     "hybrid": {"conv_workers": REQUIRED, "fc_workers": 1, "replicate": [], "split": None},
     "groups": {"machines": REQUIRED, "groups": REQUIRED, "split": None, "pipelined": False},
@@ -42,7 +42,8 @@ class RunSpec:
     """One of ps, allreduce, stanza, ralp, hybrid, groups."""
     config: dict = field(default_factory=dict)
     """Strategy configuration. ps: workers, servers. allreduce: workers. stanza: conv_workers,
-    fc_workers, split (layer name; null = the NetSpec's phase boundary). ralp: workers (worker
+    fc_workers, split (layer name; null = the NetSpec's phase boundary), overlap (true: the conv
+    all-reduce during the backward pass, DDP's buckets; false: after it, as the paper). ralp: workers (worker
     ranks; one more rank is the PS worker), split (null = the RALP profile's split), ralp_setting
     ("N": the N-node cluster is workers + PS, n_w = N − 1; "H": n_w = N/2 — only the node count
     the run stands for changes, see layout.nodes_represented). hybrid: conv_workers, fc_workers
@@ -253,6 +254,8 @@ def normalize_config(strategy: str, config: Any) -> dict[str, Any]:
         if len(set(r)) != len(r):
             raise ConfigError(f"{strategy}: replicate names a layer twice: {', '.join(r)}")
         out["replicate"] = list(r)
+    if "overlap" in out and not isinstance(out["overlap"], bool):
+        raise ConfigError(f"{strategy}: overlap must be true or false, got {out['overlap']!r}")
     if strategy == "groups":
         if out["machines"] % out["groups"]:
             raise ConfigError(f"groups: {out['groups']} groups do not divide {out['machines']} conv machines evenly "

@@ -87,10 +87,11 @@ class Allreduce(Strategy):
         return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=config.workers * batch)
 
 
-def buckets(net: NetSpec, bucket_bytes: int) -> list[list]:
-    """Layers in backward order, cut where DDP closes a gradient bucket. The first bucket holds at
-    most 1 MiB (DDP), later ones ``bucket_bytes``; 0 = a single bucket."""
-    order = list(reversed(net.layers))
+def buckets(net: NetSpec, bucket_bytes: int, layers=None) -> list[list]:
+    """Layers (``layers``, default all of the net's) in backward order, cut where DDP closes a
+    gradient bucket. The first bucket holds at most 1 MiB (DDP), later ones ``bucket_bytes``;
+    0 = a single bucket."""
+    order = list(reversed(net.layers if layers is None else layers))
     if bucket_bytes <= 0:
         return [order]
     out, cur, size, cap = [], [], 0, min(DDP_FIRST_BUCKET_BYTES, bucket_bytes)

@@ -6,6 +6,11 @@ when n_f > 1, overlapped with the CONV side); CONV workers backpropagate and all
 gradients among themselves by recursive doubling (a ``StanzaRunConfig`` names another scheme: the
 runtime's ring). Under the paper's assumptions (no overlap, no latency) the step is Stanza eq.3:
 t_s = T_c + (n_c/n_f)·T_f + 2·n_c·A·K/(n_f·B) + P_c·R(n_c)/B.
+
+The paper all-reduces the conv gradient after the backward pass. ``bucket_bytes`` > 0 overlaps it
+with the backward pass instead, bucket by bucket in the order backward produces the gradients, as
+torch DDP does (layerplan's runtime: DDP over the CONV workers with a summing comm hook); the
+conv all-reduce then hides behind all of the conv backward but its first bucket.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from layerplan.cost.engine import Collective, Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
+from layerplan.strategies.allreduce import DDP_BUCKET_BYTES, buckets
 from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
 
 
@@ -39,6 +45,9 @@ class StanzaRunConfig(StanzaConfig):
 
     algorithm: str = "ring"
     """Any ``collectives.ALLREDUCE`` scheme."""
+    bucket_bytes: int = DDP_BUCKET_BYTES
+    """The conv gradient's all-reduce overlaps the conv backward in buckets of this size (torch
+    DDP's); 0 = one all-reduce after the backward pass (Stanza's schedule)."""
 
 
 def allreduce_scheme(config: StanzaConfig) -> str:
@@ -114,16 +123,34 @@ class Stanza(Strategy):
             Compute(name="fc_fwd_bwd", group="fc", deps=("activations",),
                     seconds=fwd_s(net, net.fc_layers, cluster, fc_batch) + bwd_s(net, net.fc_layers, cluster, fc_batch)),
             Transfer(name="act_grads", src="fc", dst="conv", bytes_per_flow=act, pattern="broadcast", deps=("fc_fwd_bwd",)),
-            Compute(name="conv_bwd", group="conv", seconds=bwd_s(net, net.conv_layers, cluster, batch), deps=("act_grads",)),
         ]
-        conv_done = "conv_bwd"
-        if n_c > 1:
-            tasks.append(Collective(name="conv_allreduce", group="conv", scheme=allreduce_scheme(config), bytes=p_c, deps=("conv_bwd",)))
-            conv_done = "conv_allreduce"
-        tasks.append(Compute(name="conv_update", group="conv", seconds=update_s(p_c, cluster), deps=(conv_done,)))
+        bucket_bytes = getattr(config, "bucket_bytes", 0)
+        if bucket_bytes <= 0:
+            tasks.append(Compute(name="conv_bwd", group="conv", seconds=bwd_s(net, net.conv_layers, cluster, batch),
+                                 deps=("act_grads",)))
+            conv_done: tuple[str, ...] = ("conv_bwd",)
+            if n_c > 1:
+                tasks.append(Collective(name="conv_allreduce", group="conv", scheme=allreduce_scheme(config), bytes=p_c,
+                                        deps=("conv_bwd",)))
+                conv_done = ("conv_allreduce",)
+        else:  # DDP: each bucket's all-reduce starts when backward has produced it, one after another
+            prev_bwd, prev_ar = "act_grads", None
+            for i, layers in enumerate(buckets(net, bucket_bytes, net.conv_layers)):
+                bwd = f"conv_bwd{i}"
+                tasks.append(Compute(name=bwd, group="conv", seconds=bwd_s(net, layers, cluster, batch), deps=(prev_bwd,)))
+                prev_bwd = bwd
+                nbytes = sum(layer.param_bytes for layer in layers)
+                if n_c > 1 and nbytes > 0:
+                    ar = f"conv_allreduce{i}"
+                    tasks.append(Collective(name=ar, group="conv", scheme=allreduce_scheme(config), bytes=nbytes,
+                                            deps=(bwd,) if prev_ar is None else (bwd, prev_ar)))
+                    prev_ar = ar
+            conv_done = (prev_bwd,) if prev_ar is None else (prev_bwd, prev_ar)
+        tasks.append(Compute(name="conv_update", group="conv", seconds=update_s(p_c, cluster), deps=conv_done))
         fc_done = "fc_fwd_bwd"
         if n_f > 1:
-            tasks.append(Collective(name="fc_allreduce", group="fc", scheme=allreduce_scheme(config), bytes=p_f, deps=("act_grads",)))
+            tasks.append(Collective(name="fc_allreduce", group="fc", scheme=allreduce_scheme(config), bytes=p_f,
+                                    deps=("act_grads",)))
             fc_done = "fc_allreduce"
         tasks.append(Compute(name="fc_update", group="fc", seconds=update_s(p_f, cluster), deps=(fc_done,)))
         return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=n_c * batch)

@@ -5,8 +5,10 @@ n_f FC workers hold the tail. CONV workers are assigned to FC workers in contigu
 (``layout``). Per step:
 
 - CONV worker i: head forward on its K samples; isend the boundary activations (K·A values) to
-  its FC worker; receive their gradient; head backward; all-reduce (sum) the head gradients among
-  the CONV workers (a subgroup); SGD step.
+  its FC worker; receive their gradient; head backward, which all-reduces (sums) the head
+  gradients among the CONV workers (a subgroup) bucket by bucket as backward produces them (torch
+  DDP with a summing comm hook; Stanza's paper all-reduces after the backward pass, which leaves
+  the network idle during it); SGD step.
 - FC worker j: receive its CONV workers' activations, concatenate them in rank order, tail
   forward, loss = sum of cross-entropy / global batch (n_c·K) — so the summed gradients are
   exactly those of single-process SGD on the global batch —, backward, isend each CONV worker its
@@ -26,7 +28,10 @@ n_c > 1; FC worker (its block)·K·A·4 sent and received, plus P_f·4 when n_f 
 
 from __future__ import annotations
 
+import time
+
 from layerplan.runtime.roles import RoleBase, flat_grads, flat_params, set_grads, tag
+from layerplan.runtime.roles.allreduce import _union
 
 ACT, GRAD, BACKUP = 0, 1, 5
 
@@ -52,6 +57,15 @@ class ConvWorker(RoleBase):
         self.n_params = sum(p.numel() for p in self.params)
         self.opt = self.sgd(self.params)
         self.group = g_conv
+        self.ddp = None
+        if g_conv is not None and ctx.spec.config.get("overlap", True):
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            dev = [ctx.device.index] if ctx.device.type == "cuda" else None
+            # the CONV workers' own BatchNorm statistics, as before DDP (no buffer broadcast)
+            self.ddp = DDP(self.head, device_ids=dev, process_group=g_conv, broadcast_buffers=False)
+            self.ddp.register_comm_hook(self, _summing_hook)
+        self.intervals: list[tuple[float, float]] = []
         self.fc = ctx.role.peers[0]
         self.backup_size = sum(p.numel() for p in split.tail.parameters())
         self.keeps_backup = ctx.roles[self.fc].peers[0] == ctx.rank
@@ -63,19 +77,33 @@ class ConvWorker(RoleBase):
 
         x = self.inputs(s)
         with self.meter.compute():
-            h = self.head(x)
+            h = (self.ddp or self.head)(x)
             act = h.detach().contiguous()
             grad = torch.empty_like(act)
         self.wait([self.isend(act, self.fc, tag(s, ACT)), self.irecv(grad, self.fc, tag(s, GRAD))])
-        with self.meter.compute():
-            self.opt.zero_grad(set_to_none=True)
-            h.backward(grad)
-            if self.group is not None:
-                g = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
-        if self.group is not None:
-            self.all_reduce(g, group=self.group)
+        self.opt.zero_grad(set_to_none=True)
+        if self.ddp is None:  # Stanza's schedule: the all-reduce after the backward pass
             with self.meter.compute():
-                set_grads(self.params, g)
+                h.backward(grad)
+                if self.group is not None:
+                    g = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
+            if self.group is not None:
+                self.all_reduce(g, group=self.group)
+                with self.meter.compute():
+                    set_grads(self.params, g)
+            with self.meter.compute():
+                self.opt.step()
+            return
+        self.intervals = []
+        t0 = time.perf_counter()
+        h.backward(grad)  # DDP: returns once every bucket is all-reduced
+        t_bwd = time.perf_counter()
+        # as the allreduce role counts DDP: comm = the buckets' in-flight time, compute = the rest
+        # of the backward less the wait after the last bucket was launched
+        comm = _union(self.intervals)
+        exposed = min(comm, max(0.0, t_bwd - max(a for a, _ in self.intervals))) if self.intervals else 0.0
+        self.meter.add_time("comm_s", comm)
+        self.meter.add_time("compute_s", (t_bwd - t0) - exposed)
         with self.meter.compute():
             self.opt.step()
 
@@ -103,6 +131,24 @@ class ConvWorker(RoleBase):
 
     def owned_params(self) -> dict:
         return {k: v.detach().cpu() for k, v in self.head.named_parameters()}
+
+
+def _summing_hook(state: ConvWorker, bucket):
+    """DDP comm hook: all-reduce (sum) the bucket — the FC worker's loss is already divided by the
+    global batch, so the CONV workers' gradients add up to the global batch's — and record its
+    payload and in-flight interval."""
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    state.meter.collective(buf)
+    t0 = time.perf_counter()
+    fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
+
+    def done(f):
+        state.intervals.append((t0, time.perf_counter()))
+        return f.value()[0]
+
+    return fut.then(done)
 
 
 class FcWorker(RoleBase):
