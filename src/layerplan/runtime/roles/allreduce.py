@@ -29,8 +29,8 @@ class Worker(RoleBase):
         dev = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.ddp = DDP(self.model, device_ids=dev)
         self.world = dist.get_world_size()
-        self.intervals: list[tuple[float, float]] = []
-        self.ddp.register_comm_hook(self, _counting_hook)
+        self.buckets = DdpBuckets(self.meter, divisor=self.world)
+        self.ddp.register_comm_hook(self.buckets, counting_hook)
         self.buffer_bytes = sum(b.numel() * b.element_size() for b in self.model.buffers())
         self.opt = self.sgd(self.model.parameters())
 
@@ -38,7 +38,7 @@ class Worker(RoleBase):
         import torch.nn.functional as F
 
         x, y = self.batch(s)
-        self.intervals = []
+        self.buckets.intervals = []
         t0 = time.perf_counter()
         if self.buffer_bytes and self.world > 1 and self.ddp.broadcast_buffers:
             self.meter.collective(self.buffer_bytes)
@@ -47,12 +47,7 @@ class Worker(RoleBase):
         loss.backward()  # returns once every bucket is all-reduced
         t_bwd = time.perf_counter()
         self.opt.step()
-        t1 = time.perf_counter()
-        comm = _union(self.intervals)
-        exposed = max(0.0, t_bwd - max(a for a, _ in self.intervals)) if self.intervals else 0.0
-        exposed = min(exposed, comm)
-        self.meter.add_time("comm_s", comm)
-        self.meter.add_time("compute_s", (t1 - t0) - exposed)
+        self.buckets.record_times(t0, t_bwd, time.perf_counter())
         self.meter.loss(loss.item() / self.world, shown=loss.item())
 
     def state_dict(self) -> dict:
@@ -66,14 +61,37 @@ class Worker(RoleBase):
         return {k: v.detach().cpu() for k, v in self.model.named_parameters()}
 
 
-def _counting_hook(state: Worker, bucket):
+class DdpBuckets:
+    """A DDP comm hook's state: the meter it counts into, what it divides each bucket by (DDP's
+    default hook: the group size; 1 = sum), the process group, and each bucket's in-flight interval."""
+
+    def __init__(self, meter, divisor: int = 1, group=None):
+        self.meter = meter
+        self.divisor = divisor
+        self.group = group
+        self.intervals: list[tuple[float, float]] = []
+
+    def record_times(self, t0: float, t_bwd: float, t1: float) -> None:
+        """DDP overlaps the all-reduce with backward (started at ``t0``, returned at ``t_bwd``, step
+        done at ``t1``): comm = the union of the buckets' in-flight intervals, compute = the step's
+        wall less the wait after the last bucket was launched."""
+        comm = _union(self.intervals)
+        exposed = min(comm, max(0.0, t_bwd - max(a for a, _ in self.intervals))) if self.intervals else 0.0
+        self.meter.add_time("comm_s", comm)
+        self.meter.add_time("compute_s", (t1 - t0) - exposed)
+
+
+def counting_hook(state: DdpBuckets, bucket):
+    """All-reduce the bucket (divided by ``state.divisor`` first, as DDP's default hook divides by
+    the group size), counting its payload bytes and in-flight interval."""
     import torch.distributed as dist
 
     buf = bucket.buffer()
     state.meter.collective(buf)
     t0 = time.perf_counter()
-    buf.div_(state.world)
-    fut = dist.all_reduce(buf, async_op=True).get_future()
+    if state.divisor != 1:
+        buf.div_(state.divisor)
+    fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
 
     def done(f):
         state.intervals.append((t0, time.perf_counter()))

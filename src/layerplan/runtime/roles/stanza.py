@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 
 from layerplan.runtime.roles import RoleBase, flat_grads, flat_params, set_grads, tag
-from layerplan.runtime.roles.allreduce import _union
+from layerplan.runtime.roles.allreduce import DdpBuckets, counting_hook
 
 ACT, GRAD, BACKUP = 0, 1, 5
 
@@ -64,8 +64,9 @@ class ConvWorker(RoleBase):
             dev = [ctx.device.index] if ctx.device.type == "cuda" else None
             # the CONV workers' own BatchNorm statistics, as before DDP (no buffer broadcast)
             self.ddp = DDP(self.head, device_ids=dev, process_group=g_conv, broadcast_buffers=False)
-            self.ddp.register_comm_hook(self, _summing_hook)
-        self.intervals: list[tuple[float, float]] = []
+            # summed, not averaged: the FC worker's loss is already divided by the global batch
+            self.buckets = DdpBuckets(self.meter, divisor=1, group=g_conv)
+            self.ddp.register_comm_hook(self.buckets, counting_hook)
         self.fc = ctx.role.peers[0]
         self.backup_size = sum(p.numel() for p in split.tail.parameters())
         self.keeps_backup = ctx.roles[self.fc].peers[0] == ctx.rank
@@ -94,18 +95,12 @@ class ConvWorker(RoleBase):
             with self.meter.compute():
                 self.opt.step()
             return
-        self.intervals = []
+        self.buckets.intervals = []
         t0 = time.perf_counter()
         h.backward(grad)  # DDP: returns once every bucket is all-reduced
         t_bwd = time.perf_counter()
-        # as the allreduce role counts DDP: comm = the buckets' in-flight time, compute = the rest
-        # of the backward less the wait after the last bucket was launched
-        comm = _union(self.intervals)
-        exposed = min(comm, max(0.0, t_bwd - max(a for a, _ in self.intervals))) if self.intervals else 0.0
-        self.meter.add_time("comm_s", comm)
-        self.meter.add_time("compute_s", (t_bwd - t0) - exposed)
-        with self.meter.compute():
-            self.opt.step()
+        self.opt.step()
+        self.buckets.record_times(t0, t_bwd, time.perf_counter())
 
     def checkpoint_comm(self, s: int) -> None:
         import torch
@@ -131,24 +126,6 @@ class ConvWorker(RoleBase):
 
     def owned_params(self) -> dict:
         return {k: v.detach().cpu() for k, v in self.head.named_parameters()}
-
-
-def _summing_hook(state: ConvWorker, bucket):
-    """DDP comm hook: all-reduce (sum) the bucket — the FC worker's loss is already divided by the
-    global batch, so the CONV workers' gradients add up to the global batch's — and record its
-    payload and in-flight interval."""
-    import torch.distributed as dist
-
-    buf = bucket.buffer()
-    state.meter.collective(buf)
-    t0 = time.perf_counter()
-    fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
-
-    def done(f):
-        state.intervals.append((t0, time.perf_counter()))
-        return f.value()[0]
-
-    return fut.then(done)
 
 
 class FcWorker(RoleBase):
