@@ -142,6 +142,26 @@ def test_groups_async_beats_sync_when_the_fc_server_is_not_saturated():
     assert thr[8] <= 1.25 * max(thr.values())
 
 
+def test_groups_staggered_start_interleaves_pulls_with_pushes():
+    """The conv model server starts the groups one pull apart (runtime/roles/groups.py): then one
+    group's pull rides the server link's egress while another's push rides its ingress, and with
+    the link the bottleneck each of g groups runs as if it were alone; in lockstep (a synchronous
+    group of the same machines) the pulls and then the pushes share one direction."""
+    net = make_net(chain(
+        ("c1", "conv", 25_000_000, (16, 4, 4), 1_000_000),
+        ("flat", "other", 0, (256,), 0),
+        ("f1", "fc", 2_570, (10,), 5_000),
+    ), name="convparams")
+    c, b, s = ideal(4), 8, strategies.get("groups")
+    two = strategies.predict(net, c, "groups", s.Config(machines=2, groups=2), b)
+    alone = strategies.predict(net, ideal(3), "groups", s.Config(machines=1, groups=1), b)
+    sync = strategies.predict(net, c, "groups", s.Config(machines=2, groups=1), b)
+    t_link = param_bytes(net.conv_layers) / BW
+    assert alone.step_time_s > 2 * t_link
+    assert two.step_time_s == pytest.approx(alone.step_time_s, rel=1e-6)
+    assert sync.step_time_s > two.step_time_s + 1.9 * t_link  # the pulls, then the pushes, two at a time
+
+
 def test_hybrid_partition_vs_replicate_output_layer():
     # a huge output layer (Yan's 22K classes): replicating it moves its weights, partitioning moves activations
     net = make_net(chain(("c1", "conv", 10_000, (16, 8, 8), 10_000_000), ("flat", "other", 0, (1024,), 0),

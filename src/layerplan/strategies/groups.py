@@ -5,6 +5,9 @@ group batch (k·B samples, B per machine). Across groups: asynchronous — each 
 clock, pulls the current conv model from the conv model server, runs the conv phase, sends its
 activations to the FC side, gets their gradients back, backpropagates and pushes its conv gradient
 to the conv model server, which applies it and serves the next pull. Staleness S = g − 1.
+The groups start one pull apart (group j's first pull once group j − 1's has arrived), as the
+runtime's conv model server starts them: then one group's pull and another's push ride the two
+directions of that server's link instead of g pulls, then g pushes, sharing one.
 
 FC side: with **merged FC** (the default, Omnivore §V-A) one machine holds the FC model and does the
 FC compute, one group batch at a time in arrival order (FC staleness 0). Without merging, each
@@ -158,7 +161,10 @@ class Groups(Strategy):
                 def n(x: str, it: int = i) -> str:
                     return iteration_name(it, f"{x}{j}")
 
-                prev = (n("update", i - lag),) if i >= lag else ()
+                if i >= lag:
+                    prev = (n("update", i - lag),)
+                else:  # the staggered start (runtime/roles/groups.py): one group's first pull after another's
+                    prev = (iteration_name(i, f"pull{j - 1}"),) if i == 0 and j else ()
                 fc_role = "fc" if config.merged_fc else f"fc{j}"
                 tasks += [
                     Transfer(name=n("pull"), src="conv_model", dst=grp, bytes_per_flow=p_c, pattern="broadcast", deps=prev),

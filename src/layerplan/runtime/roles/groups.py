@@ -56,7 +56,7 @@ import time
 
 from layerplan.runtime.roles import RoleBase, flat_grads, flat_params, set_params, tag
 
-PULL, ACT, GRAD, PUSH = 0, 1, 2, 3
+PULL, ACT, GRAD, PUSH, READY = 0, 1, 2, 3, 4
 
 
 def members(ctx) -> list[list[int]]:
@@ -119,12 +119,18 @@ class ConvMachine(RoleBase):
         self.params = list(self.head.parameters())
         self.fc, self.conv_model = ctx.role.peers
         self.n_params = sum(p.numel() for p in self.params)
+        # the staggered start (ConvModelServer._staggered_start): every group but the last says
+        # when its first pull has arrived
+        self.ready_due = ctx.role.group < len(members(ctx)) - 1
 
     def step(self, s: int) -> None:
         import torch
 
         model = self.scratch("model", (self.n_params,), self.params[0].dtype)
         self.wait([self.irecv(model, self.conv_model, tag(s, PULL))])
+        if self.ready_due:
+            self.ready_due = False
+            self.wait([self.isend(self.scratch("ready", (1,), model.dtype), self.conv_model, tag(s, READY))])
         x = self.inputs(s)
         with self.meter.compute():
             set_params(self.params, model)
@@ -265,11 +271,26 @@ class ConvModelServer(_Sends, RoleBase):
         works = [dist.irecv(buf, src=r, tag=tag(it, PUSH)) for buf, r in zip(bufs, self.groups[j])]
         self.arrivals.expect(j, works, bufs)
 
+    def _staggered_start(self) -> None:
+        """The first pulls go out one group after another: group j's once group j − 1's machines
+        have said (a one-element READY message) that theirs arrived. Started together, the groups
+        pull together and push together, each direction of this server's link carrying g models
+        at once while the other idles, and nothing breaks that lockstep but chance (a fair link
+        keeps any offset as it is). Staggered by one pull, a group's pull meets another's push on
+        the link's other direction, and the offset stays (strategies/groups.py schedules the same
+        start). A send's completion cannot stand in for the READY: gloo completes it once the
+        bytes are in the kernel's socket buffers, megabytes before they arrive."""
+        for j in range(len(self.groups)):
+            self._send_model(j)
+            if j < len(self.groups) - 1:
+                it = self.next_iter[j]
+                ready = [self.scratch(f"ready{r}", (1,), self.w.dtype) for r in self.groups[j]]
+                self.wait([self.irecv(t, r, tag(it, READY)) for t, r in zip(ready, self.groups[j])])
+
     def step(self, s: int) -> None:
         if not self._started:
             self._started = True
-            for j in range(len(self.groups)):
-                self._send_model(j)
+            self._staggered_start()
         for _ in range(len(self.groups)):
             with self.meter.comm():
                 j, bufs = self.arrivals.next()
