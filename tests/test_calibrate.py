@@ -88,7 +88,8 @@ def fake_result(on="emulated", eff=0.62, payload=119.5e6):
                     "compute_efficiency": s([eff, eff * 1.01]), "per_thread_flops_per_s": s([95e9, 96e9]),
                     "per_thread_conv_flops_per_s": s([105e9]), "per_thread_linear_flops_per_s": s([40e9]),
                     "shared_flops_per_s": s([180e9, 185e9]), "share_of_peak_per_thread": s([0.6]),
-                    "effective_cores": s([1.9])},
+                    "effective_cores": s([1.9]), "mem_bandwidth_bytes_per_s": 24e9,
+                    "update_bandwidth": [[2**20, 25e9], [2**27, 16e9]]},
         "link": {"where": "somewhere", "configured_bytes_per_s": 125e6 if on == "emulated" else None, "ranks": 3,
                  "latency_s": s([80e-6, 90e-6]), "payload_bytes_per_s": s([payload, payload * 1.001]),
                  **({"efficiency": s([payload / 125e6])} if on == "emulated" else {}),
@@ -108,6 +109,7 @@ def test_cluster_file_round_trips_through_the_loader_and_the_cli(tmp_path, capsy
     assert hardware.resolve_cluster(str(path)) == spec
     assert spec.device.compute_efficiency == pytest.approx(result["compute"]["compute_efficiency"]["median"])
     assert spec.shared_cores == 2 and spec.nodes == 3 and spec.device.kind == "cpu"
+    assert spec.device.update_bandwidth == ((2**20, 25e9), (2**27, 16e9))
     if on == "emulated":
         assert spec.nic.bandwidth_bytes_per_s == 125e6 and spec.nic.efficiency == pytest.approx(0.956, rel=1e-3)
     else:

@@ -68,3 +68,21 @@ def test_resolve_cluster_overrides():
     with pytest.raises(SpecError, match="cannot read"):
         hardware.resolve_cluster("missing.yaml")
 
+
+
+def test_update_bandwidth_by_size_and_the_update_time_it_gives():
+    from dataclasses import replace
+
+    from layerplan.strategies.base import update_s
+
+    dev = replace(hardware.device("cpu-core"), update_bandwidth=[[2**27, 16e9], [2**20, 25e9]])
+    assert dev.update_bandwidth == ((2**20, 25e9), (2**27, 16e9))  # sorted, tuples
+    assert dev.update_bytes_per_s(1e3) == 25e9 and dev.update_bytes_per_s(2**30) == 16e9  # nearest outside
+    assert dev.update_bytes_per_s(2**23.5) == pytest.approx(20.5e9)  # halfway in log(size)
+    c = hardware.cluster("local-cpu", nodes=2)
+    big = replace(c, device=dev)
+    assert update_s(2**27, big) == pytest.approx(5 * 2**27 / 16e9)  # SGD with momentum: 5 passes
+    assert update_s(2**27, c) == pytest.approx(5 * 2**27 / c.device.mem_bandwidth_bytes_per_s)  # no curve
+    for bad in ([[0, 1e9]], [[1e6, -1]], [["x", 1]], [[1e6]]):
+        with pytest.raises(SpecError, match="update_bandwidth"):
+            replace(dev, update_bandwidth=bad)

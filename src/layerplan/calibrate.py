@@ -272,9 +272,10 @@ def _base_env() -> dict:
 
 
 def _run_compute(processes: int, cfg: dict, log_dir: Path, advance
-                 ) -> tuple[list[dict], list[list[dict[str, float]]], list[list[dict[str, float]]], float]:
+                 ) -> tuple[list[dict], list[list[dict[str, float]]], list[list[dict[str, float]]],
+                            tuple[float, list[list[float]]]]:
     """Layers; per repeat, process 0's seconds per forward+backward by layer key alone, then every
-    process's with all running at once; process 0's update memory bandwidth. Alone and shared
+    process's with all running at once; process 0's update memory bandwidth (and by size). Alone and shared
     alternate repeat by repeat on the same processes, so a drift of the machine's speed (which
     moves both) does not pass for contention; all processes start a shared repeat together (a
     "go" line), so they really share the cores."""
@@ -282,7 +283,7 @@ def _run_compute(processes: int, cfg: dict, log_dir: Path, advance
     try:
         ready = procs.expect("ready", processes)
         layers = ready[0]["layers"]
-        update_bw = ready[0]["update_bytes_per_s"]
+        update_bw = ready[0]["update_bytes_per_s"], ready[0]["update_curve"]
         alone, shared = [], []
         for _ in range(cfg["repeats"]):
             procs.send("go", [0])
@@ -332,7 +333,7 @@ def measure_compute(repeats: int = 3, quick: bool = False, *, cfg: dict | None =
 
 def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
     (log_dir / "compute").mkdir(exist_ok=True)
-    layers, alone, shared, update_bw = _run_compute(cores, cfg, log_dir / "compute", advance)
+    layers, alone, shared, (update_bw, update_curve) = _run_compute(cores, cfg, log_dir / "compute", advance)
     # the memory terms of the fit (PALEO §3.1.1 R, W) at this machine's measured bandwidth
     device = replace(hardware.DEVICES[DEVICE_PRESET], mem_bandwidth_bytes_per_s=update_bw)
     per_thread = [_flops_per_s(layers, rep[0]) for rep in alone]
@@ -345,6 +346,7 @@ def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
         "batches": list(cfg["batches"]),
         "threads_per_process": 1,
         "mem_bandwidth_bytes_per_s": update_bw,
+        "update_bandwidth": update_curve,
         "per_thread_flops_per_s": spread(per_thread),
         "per_thread_conv_flops_per_s": spread([_flops_per_s(layers, rep[0], "conv") for rep in alone]),
         "per_thread_linear_flops_per_s": spread([_flops_per_s(layers, rep[0], "fc") for rep in alone]),
@@ -582,6 +584,7 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
     per_thread = comp["per_thread_flops_per_s"]["median"]
     device = replace(base, name=f"{base.name}-calibrated", peak_flops_per_s=peak, compute_efficiency=eff, fc_efficiency=fc_eff,
                      mem_bandwidth_bytes_per_s=comp.get("mem_bandwidth_bytes_per_s", base.mem_bandwidth_bytes_per_s),
+                     update_bandwidth=tuple(tuple(p) for p in comp.get("update_bandwidth", ())),
                      profiled_layers=profiled_layers(result["profile"]) if result.get("profile") else (),
                      note=f"calibrated {result['machine']['when']} on {result['machine']['cpu']}: "
                           f"{units.format_flops_rate(per_thread)} per thread (FLOP-weighted conv+linear fwd+bwd, "
@@ -647,7 +650,9 @@ def summary_lines(result: dict) -> list[str]:
         f"fitted compute_efficiency: {f(c['compute_efficiency'], lambda v: f'{v:.3f}')} (conv layers "
         f"{c['conv_efficiency']['median']:.3f}, fully connected {c['fc_efficiency']['median']:.3f})"
         if "fc_efficiency" in c else f"fitted compute_efficiency: {f(c['compute_efficiency'], lambda v: f'{v:.3f}')}",
-        *([f"memory bandwidth (SGD update, 1 thread): {units.format_bytes(c['mem_bandwidth_bytes_per_s'])}/s"]
+        *([f"memory bandwidth (SGD update, 1 thread): {units.format_bytes(c['mem_bandwidth_bytes_per_s'])}/s"
+           + ("" if not c.get("update_bandwidth") else " (by parameter bytes: " + ", ".join(
+               f"{units.format_bytes(b)} {units.format_bytes(r)}/s" for b, r in c["update_bandwidth"]) + ")")]
           if "mem_bandwidth_bytes_per_s" in c else []),
         f"link ({ln['where']}): latency {f(ln['latency_s'], units.format_seconds)}, "
         f"payload {f(ln['payload_bytes_per_s'], units.format_bandwidth)}",
@@ -833,16 +838,20 @@ def _make_step(item: dict):
     return step, fwd, fwd + int(bwd_counter.get_total_flops()), sum(p.numel() for p in params) * 4
 
 
-UPDATE_PARAMS = 8 * 2**20  # 32 MiB of float32 parameters: far beyond the caches
+UPDATE_PARAMS = 8 * 2**20  # 32 MiB of float32 parameters
+UPDATE_CURVE_PARAMS = (2**18, 2**21, 2**23, 2**25)
+"""Parameter counts the update bandwidth is measured at (1, 8, 32, 128 MiB of float32: from the
+caches to DRAM; one 32 MiB measurement read 17.5 GB/s in one calibration and 27.2 in another,
+the size at which the caches stop helping)."""
 
 
-def _update_bytes_per_s() -> float:
+def _update_bytes_per_s(params: int = UPDATE_PARAMS) -> float:
     """Memory bandwidth as the engine's SGD update uses it (``strategies.base.update_s``: read the
     gradient, parameters and momentum, write parameters and momentum = 5 × the parameter bytes),
-    from torch.optim.SGD with momentum on one thread: the lowest of 5 steps."""
+    from torch.optim.SGD with momentum on one thread over ``params`` parameters: the lowest of 5 steps."""
     import torch
 
-    p = torch.nn.Parameter(torch.randn(UPDATE_PARAMS))
+    p = torch.nn.Parameter(torch.randn(params))
     p.grad = torch.randn_like(p)
     opt = torch.optim.SGD([p], lr=1e-3, momentum=0.9)
     opt.step()  # creates the momentum buffer
@@ -851,7 +860,12 @@ def _update_bytes_per_s() -> float:
         t0 = time.perf_counter()
         opt.step()
         best = min(best, time.perf_counter() - t0)
-    return 5 * UPDATE_PARAMS * 4 / best
+    return 5 * params * 4 / best
+
+
+def _update_curve() -> list[list[float]]:
+    """[parameter bytes, update bandwidth] at ``UPDATE_CURVE_PARAMS`` (DeviceSpec.update_bandwidth)."""
+    return [[4.0 * n, _update_bytes_per_s(n)] for n in UPDATE_CURVE_PARAMS]
 
 
 def _compute_worker(cfg: dict) -> None:
@@ -869,7 +883,7 @@ def _compute_worker(cfg: dict) -> None:
                        "batch": it["batch"], "count": it["count"], "first": it["first"], "fwd_flops": fwd,
                        "flops": total, "param_bytes": pbytes, "in_bytes": math.prod(it["in_shape"]) * 4,
                        "out_bytes": math.prod(it["out_shape"]) * 4})
-    _emit(event="ready", layers=layers, update_bytes_per_s=_update_bytes_per_s())
+    _emit(event="ready", layers=layers, update_bytes_per_s=_update_bytes_per_s(), update_curve=_update_curve())
     rep = 0
     while sys.stdin.readline().strip() == "go":  # alone or with the others, as the parent says; "stop" ends
         times = {}

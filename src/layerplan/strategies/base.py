@@ -127,8 +127,9 @@ def bwd_s(net: NetSpec, layers: Sequence[LayerSpec], cluster: ClusterSpec, batch
 
 def update_s(param_bytes: float, cluster: ClusterSpec, gradients_summed: int = 1) -> float:
     """SGD-with-momentum update: read the summed gradients, parameters and momentum, write
-    parameters and momentum — memory bound (PALEO §3.1.1 R + W terms)."""
-    return (gradients_summed + 4) * param_bytes / cluster.device.mem_bandwidth_bytes_per_s
+    parameters and momentum — memory bound (PALEO §3.1.1 R + W terms), at the bandwidth an update
+    of this size sees (``DeviceSpec.update_bytes_per_s``: caches for small ones, DRAM for large)."""
+    return (gradients_summed + 4) * param_bytes / cluster.device.update_bytes_per_s(param_bytes)
 
 
 def param_bytes(layers: Sequence[LayerSpec]) -> int:
