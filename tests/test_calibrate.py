@@ -229,13 +229,19 @@ def test_profiling_times_every_layer_the_engine_asks_for(tmp_path):
         assert row["batches"] == [2, 8] and all(t > 0 for t in row["fwd_s"])
     dev = replace(hardware.DEVICES["cpu-core"], profiled_layers=calibrate.profiled_layers(prof))
     assert all(dev.profiled(k) is not None for k in keys)
-    (whole,) = prof["whole"]  # the whole pass, and the layer times scaled to it
-    assert whole["net"] == "debug" and whole["batches"] == [2, 8] and set(whole["counts"]) == keys
-    assert all(t > 0 for t in whole["fwd_s"] + whole["bwd_s"])
-    for d in ("fwd", "bwd"):
-        for i, b in enumerate(whole["batches"]):
-            parts = sum(c * next(r for r in prof["layers"] if r["key"] == k)[f"{d}_s"][i] for k, c in whole["counts"].items())
-            assert parts == pytest.approx(whole[f"{d}_s"][i], rel=1e-9)
+    # each phase's whole pass (the conv phase, the FC phase after the boundary), and the layer times scaled to it
+    conv, fc = sorted(prof["whole"], key=lambda w: w["phase"])
+    assert (conv["phase"], fc["phase"]) == ("conv", "fc") and conv["net"] == fc["net"] == "debug"
+    assert set(conv["counts"]) | set(fc["counts"]) == keys and not set(conv["counts"]) & set(fc["counts"])
+    fc_keys = {profile_key(lyr, input_bytes(net, lyr)) for lyr in net.fc_layers if lyr in modules}
+    assert set(fc["counts"]) == fc_keys
+    for whole in (conv, fc):
+        assert whole["batches"] == [2, 8] and all(t > 0 for t in whole["fwd_s"] + whole["bwd_s"])
+        for d in ("fwd", "bwd"):
+            for i, b in enumerate(whole["batches"]):
+                parts = sum(c * next(r for r in prof["layers"] if r["key"] == k)[f"{d}_s"][i]
+                            for k, c in whole["counts"].items())
+                assert parts == pytest.approx(whole[f"{d}_s"][i], rel=1e-9)
 
 
 def test_layer_times_scale_to_their_nets_whole_pass():

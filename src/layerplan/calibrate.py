@@ -670,7 +670,8 @@ def summary_lines(result: dict) -> list[str]:
                      f"{', '.join(map(str, p['batches']))} (their predictions use the measured times)")
         for n in p.get("whole", []):
             at = ", ".join(f"{fs:.2f}×/{bs:.2f}× at batch {b}" for b, fs, bs in zip(n["batches"], n["fwd_scale"], n["bwd_scale"]))
-            lines.append(f"{n['net']}'s whole pass against the sum of its layers timed alone (forward/backward): {at} "
+            what = {"conv": "conv phase's", "fc": "FC phase's"}.get(n.get("phase"), "whole")
+            lines.append(f"{n['net']}'s {what} pass against the sum of its layers timed alone (forward/backward): {at} "
                          "(layer times scaled to the pass)")
     return lines
 
@@ -1001,14 +1002,18 @@ def _profile_worker(cfg: dict) -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    from layerplan.netspec.load import resolve_model
+
     seen: dict[str, dict] = {}
-    counts: dict[str, dict[str, int]] = {}  # per net: how many of its layers each key times
+    counts: dict[str, dict[str, dict[str, int]]] = {}  # per net and phase: how many of its layers each key times
     for net_name in cfg["nets"]:
-        per = counts.setdefault(net_name, {})
+        fc_names = {layer.name for layer in resolve_model(net_name)[0].fc_layers}
         for it in _profile_items(net_name):
             seen.setdefault(it["key"], it)
+            per = counts.setdefault(net_name, {}).setdefault("fc" if it["layer"] in fc_names else "conv", {})
             per[it["key"]] = per.get(it["key"], 0) + 1
-    _emit(event="ready", layers=len(seen), nets=len(counts))
+    passes = {net_name: _phase_modules(net_name, phases) for net_name, phases in counts.items()}
+    _emit(event="ready", layers=len(seen), nets=sum(len(v) for v in passes.values()))
 
     def window(fn) -> float:
         return min(_per_call_s(fn, cfg["min_iters"], cfg["window_s"]) for _ in range(cfg["repeats"]))
@@ -1039,30 +1044,64 @@ def _profile_worker(cfg: dict) -> None:
             row["fwd_s"].append(t_fwd)
             row["bwd_s"].append(max(0.0, t_all - t_fwd))
         _emit(event="layer", row=row)
-    for net_name, per in counts.items():  # the whole pass, as training runs it
-        module, in_shape = zoo.build(net_name)
-        module.train()
-        params = [p for p in module.parameters() if p.requires_grad]
-        whole = {"net": net_name, "counts": per, "batches": [], "fwd_s": [], "bwd_s": []}
-        for b in cfg["batches"]:
-            x = torch.randn(b, *in_shape)
+    for net_name, phase_passes in passes.items():  # each phase's whole pass, as training runs it
+        for phase, per, module, in_shape, input_grad in phase_passes:
+            params = [p for p in module.parameters() if p.requires_grad]
+            whole = {"net": net_name, "phase": phase, "counts": per, "batches": [], "fwd_s": [], "bwd_s": []}
+            for b in cfg["batches"]:
+                x = torch.randn(b, *in_shape, requires_grad=input_grad)
+                inputs = params + ([x] if input_grad else [])
 
-            def fwd():
-                return module(x)
+                def fwd():
+                    return module(x)
 
-            g = torch.randn_like(fwd())
+                g = torch.randn_like(fwd())
 
-            def fwd_bwd():
-                torch.autograd.grad(module(x), params, g)
+                def fwd_bwd():
+                    torch.autograd.grad(module(x), inputs, g)
 
-            fwd_bwd()
-            t_fwd = window(fwd)
-            t_all = window(fwd_bwd)
-            whole["batches"].append(b)
-            whole["fwd_s"].append(t_fwd)
-            whole["bwd_s"].append(max(0.0, t_all - t_fwd))
-        _emit(event="net", row=whole)
+                fwd_bwd()
+                t_fwd = window(fwd)
+                t_all = window(fwd_bwd)
+                whole["batches"].append(b)
+                whole["fwd_s"].append(t_fwd)
+                whole["bwd_s"].append(max(0.0, t_all - t_fwd))
+            _emit(event="net", row=whole)
     _emit(event="done")
+
+
+def _phase_modules(net_name: str, phases: dict[str, dict[str, int]]):
+    """(phase, its layer counts, module, input shape, whether the input needs a gradient) for the
+    conv phase and the FC phase of zoo net ``net_name`` (cut at its phase boundary, as the
+    strategies that separate the phases run them: the FC phase's input is an activation whose
+    gradient goes back), or the whole net as one "net" phase when it has no FC phase or cannot be
+    cut. Timed apart because a large FC layer timed alone, call after call, keeps much of its
+    weights in the last-level cache, which the FC phase's whole pass does not (alexnet_cifar's
+    two large layers: 38 and 67 MB of weights, 105 MB in all)."""
+    import torch
+
+    from layerplan.netspec import zoo
+    from layerplan.netspec.load import resolve_model
+    from layerplan.runtime.split import split_module
+
+    net = resolve_model(net_name)[0]
+    module, in_shape = zoo.build(net_name)
+    module.train()
+    if net.boundary is not None and "fc" in phases:
+        try:
+            split = split_module(module, net.boundary)
+        except LayerplanError:
+            split = None
+        if split is not None:
+            with torch.no_grad():
+                act_shape = tuple(split.head(torch.zeros(1, *in_shape)).shape[1:])
+            return [("conv", phases.get("conv", {}), split.head, in_shape, False),
+                    ("fc", phases["fc"], split.tail, act_shape, True)]
+    merged: dict[str, int] = {}
+    for per in phases.values():
+        for k, c in per.items():
+            merged[k] = merged.get(k, 0) + c
+    return [("net", merged, module, in_shape, False)]
 
 
 def fit_line(batches: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
@@ -1122,8 +1161,9 @@ def measure_profile(cfg: dict, log_dir: Path, advance=None) -> dict:
 
 def scale_to_whole_pass(rows: list[dict], nets: list[dict]) -> None:
     """Scale each layer's measured times (``rows``, in place) to what the layer takes inside its
-    network's whole pass (``nets``: forward and forward + backward of the whole module at each
-    batch, with how many of its layers each key times). A layer timed alone, call after call,
+    network's whole pass (``nets``: forward and forward + backward of each phase's module — the
+    conv phase, the FC phase (``_phase_modules``), or the whole net — at each batch, with how
+    many of its layers each key times). A layer timed alone, call after call,
     finds its weights and input in the caches and no autograd bookkeeping around it; inside the
     pass each layer's data was evicted by the layers between. Measured here (`calibrate --quick
     --profile alexnet_cifar,vgg16_cifar,resnet_cifar`, one thread, batch 16): alexnet_cifar's whole
