@@ -275,8 +275,8 @@ def _run_compute(processes: int, cfg: dict, log_dir: Path, advance
                  ) -> tuple[list[dict], list[list[dict[str, float]]], list[list[dict[str, float]]],
                             tuple[float, list[list[float]]]]:
     """Layers; per repeat, process 0's seconds per forward+backward by layer key alone, then every
-    process's with all running at once; process 0's update memory bandwidth (and by size). Alone and shared
-    alternate repeat by repeat on the same processes, so a drift of the machine's speed (which
+    process's with all running at once; process 0's update memory bandwidth (at 32 MiB, and by
+    size). Alone and shared alternate repeat by repeat on the same processes, so a drift of the machine's speed (which
     moves both) does not pass for contention; all processes start a shared repeat together (a
     "go" line), so they really share the cores."""
     procs = _Procs([_worker_argv("compute", cfg)] * processes, [_base_env()] * processes, log_dir)
@@ -998,12 +998,10 @@ def _profile_worker(cfg: dict) -> None:
     seconds per call (a time window per measurement, the lowest of ``repeats`` windows)."""
     import torch
 
-    from layerplan.netspec import zoo
+    from layerplan.netspec.load import resolve_model
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    from layerplan.netspec.load import resolve_model
-
     seen: dict[str, dict] = {}
     counts: dict[str, dict[str, dict[str, int]]] = {}  # per net and phase: how many of its layers each key times
     for net_name in cfg["nets"]:
