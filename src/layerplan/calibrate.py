@@ -670,7 +670,7 @@ def summary_lines(result: dict) -> list[str]:
                      f"{', '.join(map(str, p['batches']))} (their predictions use the measured times)")
         for n in p.get("whole", []):
             at = ", ".join(f"{fs:.2f}×/{bs:.2f}× at batch {b}" for b, fs, bs in zip(n["batches"], n["fwd_scale"], n["bwd_scale"]))
-            what = {"conv": "conv phase's", "fc": "FC phase's"}.get(n.get("phase"), "whole")
+            what = {"conv": "conv phase's (whole less FC)", "fc": "FC phase's"}.get(n.get("phase"), "whole")
             lines.append(f"{n['net']}'s {what} pass against the sum of its layers timed alone (forward/backward): {at} "
                          "(layer times scaled to the pass)")
     return lines
@@ -1042,8 +1042,8 @@ def _profile_worker(cfg: dict) -> None:
             row["fwd_s"].append(t_fwd)
             row["bwd_s"].append(max(0.0, t_all - t_fwd))
         _emit(event="layer", row=row)
-    for net_name, phase_passes in passes.items():  # each phase's whole pass, as training runs it
-        for phase, per, module, in_shape, input_grad in phase_passes:
+    for net_name, timed in passes.items():  # whole passes, as training runs them
+        for phase, per, module, in_shape, input_grad in timed:
             params = [p for p in module.parameters() if p.requires_grad]
             whole = {"net": net_name, "phase": phase, "counts": per, "batches": [], "fwd_s": [], "bwd_s": []}
             for b in cfg["batches"]:
@@ -1069,13 +1069,16 @@ def _profile_worker(cfg: dict) -> None:
 
 
 def _phase_modules(net_name: str, phases: dict[str, dict[str, int]]):
-    """(phase, its layer counts, module, input shape, whether the input needs a gradient) for the
-    conv phase and the FC phase of zoo net ``net_name`` (cut at its phase boundary, as the
-    strategies that separate the phases run them: the FC phase's input is an activation whose
-    gradient goes back), or the whole net as one "net" phase when it has no FC phase or cannot be
-    cut. Timed apart because a large FC layer timed alone, call after call, keeps much of its
-    weights in the last-level cache, which the FC phase's whole pass does not (alexnet_cifar's
-    two large layers: 38 and 67 MB of weights, 105 MB in all)."""
+    """(phase, its layer counts, module, input shape, whether the input needs a gradient) to time
+    as whole passes for zoo net ``net_name``: the whole net ("net"), and its FC phase ("fc", cut
+    at the phase boundary as the strategies that separate the phases run it: its input is an
+    activation whose gradient goes back) when it has one that can be cut. ``measure_profile``
+    scales the FC layers to the FC phase's pass and the conv layers to the rest of the whole
+    pass: a large FC layer timed alone, call after call, keeps much of its weights in the
+    last-level cache, which the FC phase's pass does not (alexnet_cifar's two large layers: 38 and
+    67 MB of weights, 105 MB in all); and inside the whole pass the FC weights also evict the conv
+    layers' data (the conv phase timed alone ran at the sum of its layers, the whole net at
+    1.28× / 1.09× of it)."""
     import torch
 
     from layerplan.netspec import zoo
@@ -1085,21 +1088,39 @@ def _phase_modules(net_name: str, phases: dict[str, dict[str, int]]):
     net = resolve_model(net_name)[0]
     module, in_shape = zoo.build(net_name)
     module.train()
-    if net.boundary is not None and "fc" in phases:
-        try:
-            split = split_module(module, net.boundary)
-        except LayerplanError:
-            split = None
-        if split is not None:
-            with torch.no_grad():
-                act_shape = tuple(split.head(torch.zeros(1, *in_shape)).shape[1:])
-            return [("conv", phases.get("conv", {}), split.head, in_shape, False),
-                    ("fc", phases["fc"], split.tail, act_shape, True)]
     merged: dict[str, int] = {}
     for per in phases.values():
         for k, c in per.items():
             merged[k] = merged.get(k, 0) + c
-    return [("net", merged, module, in_shape, False)]
+    out = [("net", merged, module, in_shape, False)]
+    if net.boundary is not None and phases.get("fc") and phases.get("conv"):
+        try:
+            split = split_module(module, net.boundary)
+        except LayerplanError:
+            return out
+        with torch.no_grad():
+            act_shape = tuple(split.head(torch.zeros(1, *in_shape)).shape[1:])
+        out.append(("fc", phases["fc"], split.tail, act_shape, True))
+    return out
+
+
+def phase_passes(nets: list[dict]) -> list[dict]:
+    """The passes ``scale_to_whole_pass`` scales to, from the profile's records: per net with an
+    FC phase record, the FC phase's pass and a conv-phase record (its layers' counts) whose times
+    are the whole net's less the FC phase's; a net without one, its whole pass."""
+    out = []
+    for n in nets:
+        if n.get("phase") == "fc":
+            continue
+        fc = next((m for m in nets if m["net"] == n["net"] and m.get("phase") == "fc"), None)
+        if fc is None or fc["batches"] != n["batches"]:
+            out.append(n)
+            continue
+        counts = {k: c - fc["counts"].get(k, 0) for k, c in n["counts"].items() if c > fc["counts"].get(k, 0)}
+        conv = {"net": n["net"], "phase": "conv", "counts": counts, "batches": list(n["batches"]),
+                **{f"{d}_s": [max(0.0, w - f) for w, f in zip(n[f"{d}_s"], fc[f"{d}_s"])] for d in ("fwd", "bwd")}}
+        out += [conv, fc]
+    return out
 
 
 def fit_line(batches: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
@@ -1150,6 +1171,7 @@ def measure_profile(cfg: dict, log_dir: Path, advance=None) -> dict:
         procs.expect("done", 1)
     finally:
         procs.close()
+    nets = phase_passes(nets)
     scale_to_whole_pass(rows, nets)
     for row in rows:
         row["fwd_fixed_s"], row["fwd_per_sample_s"] = fit_line(row["batches"], row["fwd_s"])
@@ -1159,11 +1181,10 @@ def measure_profile(cfg: dict, log_dir: Path, advance=None) -> dict:
 
 def scale_to_whole_pass(rows: list[dict], nets: list[dict]) -> None:
     """Scale each layer's measured times (``rows``, in place) to what the layer takes inside its
-    network's whole pass (``nets``: forward and forward + backward of each phase's module — the
-    conv phase, the FC phase (``_phase_modules``), or the whole net — at each batch, with how
-    many of its layers each key times). A layer timed alone, call after call,
-    finds its weights and input in the caches and no autograd bookkeeping around it; inside the
-    pass each layer's data was evicted by the layers between. Measured here (`calibrate --quick
+    network's whole pass (``nets``: forward and forward + backward at each batch of the whole
+    net, or of its phases — ``phase_passes`` — with how many of its layers each key times). A
+    layer timed alone, call after call, finds its weights and input in the caches and no autograd
+    bookkeeping around it; inside the pass each layer's data was evicted by the layers between. Measured here (`calibrate --quick
     --profile alexnet_cifar,vgg16_cifar,resnet_cifar`, one thread, batch 16): alexnet_cifar's whole
     pass took 1.28× (forward) and 1.09× (backward) the sum of its layers alone, vgg16_cifar
     1.25× / 1.19×, resnet_cifar 1.35× / 0.98×.
