@@ -276,8 +276,8 @@ def _run_compute(processes: int, cfg: dict, log_dir: Path, advance
                             tuple[float, list[list[float]]]]:
     """Layers; per repeat, process 0's seconds per forward+backward by layer key alone, then every
     process's with all running at once; process 0's update memory bandwidth (at 32 MiB, and by
-    size). Alone and shared alternate repeat by repeat on the same processes, so a drift of the machine's speed (which
-    moves both) does not pass for contention; all processes start a shared repeat together (a
+    size). Alone and shared alternate repeat by repeat on the same processes, so a drift of the
+    machine's speed (which moves both) does not pass for contention; all processes start a shared repeat together (a
     "go" line), so they really share the cores."""
     procs = _Procs([_worker_argv("compute", cfg)] * processes, [_base_env()] * processes, log_dir)
     try:
@@ -840,13 +840,13 @@ def _make_step(item: dict):
 
 
 UPDATE_PARAMS = 8 * 2**20  # 32 MiB of float32 parameters
-UPDATE_CURVE_PARAMS = (2**18, 2**21, 2**23, 2**25)
+UPDATE_CURVE_PARAMS = (2**18, 2**21, UPDATE_PARAMS, 2**25)
 """Parameter counts the update bandwidth is measured at (1, 8, 32, 128 MiB of float32: from the
 caches to DRAM; one 32 MiB measurement read 17.5 GB/s in one calibration and 27.2 in another,
-the size at which the caches stop helping)."""
+the size at which the caches stop helping). The 32 MiB point is also ``mem_bandwidth_bytes_per_s``."""
 
 
-def _update_bytes_per_s(params: int = UPDATE_PARAMS) -> float:
+def _update_bytes_per_s(params: int) -> float:
     """Memory bandwidth as the engine's SGD update uses it (``strategies.base.update_s``: read the
     gradient, parameters and momentum, write parameters and momentum = 5 × the parameter bytes),
     from torch.optim.SGD with momentum on one thread over ``params`` parameters: the lowest of 5 steps."""
@@ -884,7 +884,9 @@ def _compute_worker(cfg: dict) -> None:
                        "batch": it["batch"], "count": it["count"], "first": it["first"], "fwd_flops": fwd,
                        "flops": total, "param_bytes": pbytes, "in_bytes": math.prod(it["in_shape"]) * 4,
                        "out_bytes": math.prod(it["out_shape"]) * 4})
-    _emit(event="ready", layers=layers, update_bytes_per_s=_update_bytes_per_s(), update_curve=_update_curve())
+    curve = _update_curve()  # its 32 MiB point is the device's mem_bandwidth_bytes_per_s
+    _emit(event="ready", layers=layers, update_bytes_per_s=next(r for b, r in curve if b == 4 * UPDATE_PARAMS),
+          update_curve=curve)
     rep = 0
     while sys.stdin.readline().strip() == "go":  # alone or with the others, as the parent says; "stop" ends
         times = {}

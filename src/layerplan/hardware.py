@@ -90,7 +90,7 @@ class DeviceSpec:
     update_bandwidth: tuple[tuple[float, float], ...] = ()
     """(parameter bytes, bytes/s) of an SGD-with-momentum update of that many parameter bytes, as
     ``layerplan calibrate`` measures it at a few sizes: on a CPU a small update runs from the caches
-    and a large one from DRAM (this machine: 26 GB/s at 32 MiB of parameters, 15.6 at 128 MiB).
+    and a large one from DRAM (this machine: 26 GB/s at 32 MiB of parameters, 15.6–16.6 at 128 MiB).
     ``update_bytes_per_s`` interpolates it; empty: mem_bandwidth_bytes_per_s at every size."""
 
     def __post_init__(self) -> None:
