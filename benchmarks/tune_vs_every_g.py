@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trial-steps", type=int, default=12)
     ap.add_argument("--steps", type=int, default=300, help="iterations per group of every run to the target")
     ap.add_argument("--epoch-steps", type=int, default=100, help="tune's training epoch (iterations)")
+    ap.add_argument("--data", default="digits", choices=("digits", "digits-augmented"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -46,6 +47,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "layerplan", "tune", args.model, "--workers", str(args.workers),
                "--batch-size", str(args.batch_size), "--trial-steps", str(args.trial_steps), "--steps", str(args.steps),
                "--epoch-steps", str(args.epoch_steps), "--target-loss", str(args.target_loss), "--seed", str(args.seed),
+               "--data", args.data,
                "--no-compare", "--out", str(out), *extra]
         r = subprocess.run(cmd, stdout=subprocess.DEVNULL if args.json or extra else None, stderr=subprocess.DEVNULL)
         return json.loads(out.read_text()) if r.returncode == 0 else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch.nn as nn
 from layerplan.errors import ConfigError, LayerplanError, SpecError
 from layerplan.runtime import checkpoint
 from layerplan.runtime.commands import attach_prediction
-from layerplan.runtime.data import DigitsSource, Sharder, SyntheticSource
+from layerplan.runtime.data import AugmentedDigitsSource, DigitsSource, Sharder, SyntheticSource
 from layerplan.runtime.layout import (data_workers, feature_slices, global_batch, layout, nodes_represented, ps_shards,
                                      world_size)
 from layerplan.runtime.metrics import summarize
@@ -335,6 +336,26 @@ def test_sharding_union_is_the_global_batch_and_epochs_permute():
     assert sh.position(steps_per_epoch) == {"step": steps_per_epoch, "sample": steps_per_epoch * 21,
                                             "epoch": 1, "offset": steps_per_epoch * 21 - 1797}
     assert torch.equal(sh.labels(3, 1), sh.batch(3, 1)[1])
+
+
+def test_augmented_digits_transform_each_stream_position_its_own_way():
+    src = AugmentedDigitsSource((3, 16, 16), 10, seed=4)
+    plain = DigitsSource((3, 16, 16), 10)
+    sh = Sharder(src, workers=2, batch_size=5, seed=4)
+    x, y = sh.global_batch(3)
+    assert x.shape == (10, 3, 16, 16) and torch.equal(x[:, 0], x[:, 1])
+    assert torch.equal(y, Sharder(plain, 2, 5, 4).global_batch(3)[1])  # the same samples, labels unchanged
+    assert torch.equal(x, Sharder(AugmentedDigitsSource((3, 16, 16), 10, seed=4), 2, 5, 4).global_batch(3)[0])
+    assert torch.equal(torch.cat([sh.inputs(3, 0), sh.inputs(3, 1)]), x)  # a worker's part is its slice
+    idx = sh.indices(3, 0)
+    assert not torch.allclose(x[:5], plain.inputs(idx), atol=0.1)  # transformed
+    # the same sample at another stream position (a later epoch) is transformed another way
+    assert not torch.equal(src.inputs(idx[:1], [0]), src.inputs(idx[:1], [1797]))
+    # blank stays blank: the background outside the digit is the normalised zero pixel
+    assert abs(float(x.min()) - float(plain.inputs(list(range(50))).min())) < 1e-5
+    angle, scale, dx, dy = zip(*src.params(range(2000)))
+    assert max(map(abs, angle)) <= math.radians(src.ROTATE_DEG) and min(scale) >= 1 - src.SCALE
+    assert max(map(abs, dx + dy)) <= src.SHIFT_PX and min(angle) < -0.9 * math.radians(src.ROTATE_DEG)
 
 
 def test_digits_rejects_unfit_networks():

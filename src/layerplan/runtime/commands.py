@@ -72,7 +72,8 @@ def register(subparsers) -> None:
     t.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     t.add_argument("--weight-decay", type=float, default=0.0, help="SGD weight decay (default 0)")
     t.add_argument("--data", default="synthetic", metavar="SOURCE",
-                   help="synthetic | digits | imagefolder:PATH (default synthetic)")
+                   help="synthetic | digits | digits-augmented (each sample randomly rotated, scaled and shifted) | "
+                        "imagefolder:PATH (default synthetic)")
     t.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed (default 0)")
     t.add_argument("--deterministic", action="store_true", help="disable dropout (runs equal single-process SGD)")
     t.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="parameter/activation type")

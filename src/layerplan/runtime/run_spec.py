@@ -17,6 +17,7 @@ from layerplan.errors import ConfigError, SpecError
 STRATEGIES = ("ps", "allreduce", "stanza", "ralp", "hybrid", "groups")
 BACKENDS = ("gloo", "nccl")
 DTYPES = ("float32", "float64")
+DATA = ("synthetic", "digits", "digits-augmented")
 RALP_SETTINGS = ("N", "H")
 FORMAT_VERSION = 1
 
@@ -67,7 +68,7 @@ class RunSpec:
     weight_decay: float = 0.0
     """SGD weight decay."""
     data: str = "synthetic"
-    """synthetic | digits | imagefolder:PATH."""
+    """synthetic | digits | digits-augmented | imagefolder:PATH."""
     seed: int = 0
     """Seeds the model initialisation (same on every rank) and the data order."""
     threads_per_rank: int = 1
@@ -131,9 +132,9 @@ class RunSpec:
         if not _finite(self.timeout_s) or self.timeout_s <= 0:
             raise SpecError(f"RunSpec: timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
         if not isinstance(self.data, str) or not (
-            self.data in ("synthetic", "digits") or (self.data.startswith("imagefolder:") and len(self.data) > 12)
+            self.data in DATA or (self.data.startswith("imagefolder:") and len(self.data) > 12)
         ):
-            raise SpecError(f"RunSpec: data must be synthetic, digits or imagefolder:PATH, got {self.data!r}")
+            raise SpecError(f"RunSpec: data must be {', '.join(DATA)} or imagefolder:PATH, got {self.data!r}")
         if self.backend not in BACKENDS:
             raise SpecError(f"RunSpec: backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.dtype not in DTYPES:
