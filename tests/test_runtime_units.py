@@ -486,3 +486,33 @@ def test_every_netspec_cut_of_a_dag_splits_iff_it_is_single():
             with pytest.raises(ConfigError, match="not a single cut"):
                 split_module(module, layer.name)
     assert singles >= 10
+
+
+def test_conv_model_server_puts_one_groups_pull_on_its_link_at_a_time():
+    """ConvModelServer: a pull due while another is on the link waits for that one's READY; pulls
+    due meanwhile go out in the order they fell due."""
+    import collections
+
+    from layerplan.runtime.roles.groups import ConvModelServer
+
+    srv = ConvModelServer.__new__(ConvModelServer)
+    srv.due, srv.pulling, sent = collections.deque(), None, []
+
+    def send(j):
+        sent.append(j)
+        srv.pulling = j
+
+    srv._send_model = send
+    for j in (0, 1, 2):  # the start: group 0 at once, 1 and 2 after it, one at a time
+        srv._pull(j)
+    assert sent == [0] and list(srv.due) == [1, 2]
+    srv._ready()
+    assert sent == [0, 1] and srv.pulling == 1
+    srv._pull(0)  # group 0 pushed meanwhile: its next pull queues behind group 2's
+    srv._ready()
+    srv._ready()
+    assert sent == [0, 1, 2, 0] and not srv.due
+    srv._ready()
+    assert srv.pulling is None
+    srv._pull(1)  # the link is free: at once
+    assert sent[-1] == 1
