@@ -185,6 +185,19 @@ def test_a_rows_measured_link_cpu_enters_its_prediction():
     assert dear["predicted_step_s"] > cheap["predicted_step_s"]
 
 
+def test_a_rows_measured_link_rate_is_its_links_efficiency():
+    r, emu, cal = _calibrated_row()
+    r = {**r, "rate": "100Mbit", "rate_bytes_per_s": 12.5e6}
+    emu = type(emu)(name="t", hosts=2, rate_bytes_per_s=12.5e6, subnet=1)
+    plain = validate.prediction(r, emu, cal)
+    full = validate.prediction({**r, "link_payload_bytes_per_s": 12.5e6 * 0.956}, emu, cal)
+    assert full["predicted_step_s"] == pytest.approx(plain["predicted_step_s"])  # the preset's 0.956
+    half = validate.prediction({**r, "link_payload_bytes_per_s": 12.5e6 * 0.478}, emu, cal)
+    # DDP's all-reduce of alexnet_cifar's 100 MB dominates at 100 Mbit/s: about twice the step
+    assert 1.8 < half["predicted_step_s"] / plain["predicted_step_s"] < 2.0
+    assert half["preset_predicted_step_s"] == plain["preset_predicted_step_s"]  # the presets know no measurement
+
+
 def test_summary_reports_the_speed_range():
     rows = [{**row("a", "ps", 1.0, 1.1), "speed": 0.9}, {**row("a", "stanza", 1.0, 0.95), "speed": 1.1}]
     assert validate.summarize(rows)["speed_range"] == [0.9, 1.1]

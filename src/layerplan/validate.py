@@ -222,7 +222,8 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     """The predicted half of a row (measured: ``row``'s): with the calibrated cluster and with the
     presets, the error of each, the lower bound and the efficiency against it. Where the row has
     its link's measured CPU cost per byte at its rate (``link_cpu_s_per_byte``, both ends), that
-    replaces the calibration's."""
+    replaces the calibration's; where it has the link's measured payload rate
+    (``link_payload_bytes_per_s``), that over the line rate is the link's efficiency."""
     from layerplan.runtime.predict import predict_run
     from layerplan.runtime.run_spec import RunSpec
 
@@ -231,6 +232,9 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     cluster = calibrated_for(emu, calibrated) if calibrated else preset_cluster
     if calibrated and row.get("link_cpu_s_per_byte") is not None:
         cluster = replace(cluster, comm_cpu_s_per_byte=row["link_cpu_s_per_byte"] / 2.0)  # per end
+    if calibrated and row.get("link_payload_bytes_per_s"):  # the link's efficiency as measured at its rate
+        cluster = replace(cluster, nic=replace(cluster.nic, efficiency=min(
+            1.0, row["link_payload_bytes_per_s"] / cluster.nic.bandwidth_bytes_per_s)))
     pred = predict_run(spec, cluster)
     preset = predict_run(spec, preset_cluster) if calibrated else pred
     meas = row["measured_step_s"]
@@ -396,11 +400,13 @@ SLOW_SPEED = 0.9
 """A row whose speed probe read below this is flagged: the machine was busy with something else."""
 
 
-def link_cpu_s_per_byte(emu) -> float:
-    """The emulated link's CPU cost per byte at its rate (both ends; the median of a few measurements)."""
+def measure_link(emu) -> tuple[float, float]:
+    """The emulated link at its rate, as gloo messages between two hosts cross it (the median of a
+    few measurements): (CPU seconds per byte, both ends; payload bytes per second)."""
     from layerplan.runtime import emulate
 
-    return statistics.median(emulate.measure_link_cpu(emu)["cpu_s_per_byte"] for _ in range(LINK_CPU_REPEATS))
+    ms = [emulate.measure_link_cpu(emu) for _ in range(LINK_CPU_REPEATS)]
+    return statistics.median(m["cpu_s_per_byte"] for m in ms), statistics.median(m["rate_bytes_per_s"] for m in ms)
 
 
 def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | None = None,
@@ -455,7 +461,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
         if not batch:
             continue
         with emulate.running(hosts, rate, EMULATION_NAME) as emu:
-            link_cpu = link_cpu_s_per_byte(emu) if track else None
+            link_cpu, link_rate = measure_link(emu) if track else (None, None)
             for c in batch:
                 slow = too_slow(c, emu, calibrated, matrix)
                 if slow:
@@ -472,6 +478,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     row = run_case(c, emu, calibrated, matrix, out_dir / "runs")
                     if track:
                         row.update(speed=probe / speed_reference, probe_flops_per_s=probe, link_cpu_s_per_byte=link_cpu,
+                                   link_payload_bytes_per_s=link_rate,
                                    load_speed=load / load_reference, load_probe_flops_per_s=load)
                     rows.append({**row, **prediction(row, emu, calibrated)})
                 except RunError as e:  # one failed configuration is reported, the matrix goes on
