@@ -112,6 +112,7 @@ def test_cluster_file_round_trips_through_the_loader_and_the_cli(tmp_path, capsy
     assert spec.device.update_bandwidth == ((2**20, 25e9), (2**27, 16e9))
     if on == "emulated":
         assert spec.nic.bandwidth_bytes_per_s == 125e6 and spec.nic.efficiency == pytest.approx(0.956, rel=1e-3)
+        assert spec.nic.duplex_efficiency == pytest.approx(118e6 / 119.5e6, rel=1e-3)  # the all-reduce's bus rate, both ways
     else:
         assert spec.nic.payload_bytes_per_s == pytest.approx(119.5e6, rel=1e-3)
     assert spec.nic.latency_s == pytest.approx(85e-6)

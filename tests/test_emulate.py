@@ -75,3 +75,13 @@ def test_moving_bytes_between_hosts_costs_cpu():
         m = emulate.measure_link_cpu(emu)  # 2 s of messages: ~0.1 s of CPU, well above idle noise
     assert 1e-11 < m["cpu_s_per_byte"] < 1e-7  # a CPU moved the bytes: between 10 MB/s and 100 GB/s of it
     assert 0.8 < m["rate_bytes_per_s"] / emu.rate_bytes_per_s < 1.0
+
+
+@needs_root
+@pytest.mark.dist
+def test_the_link_measured_one_way_and_both_ways_at_once():
+    with emulate.running(2, "1Gbit", "t-dup") as emu:
+        m = emulate.measure_duplex(emu, seconds=0.2, repeats=1)
+    assert m["bytes"] == pytest.approx(0.2 * emu.rate_bytes_per_s, rel=0.01)
+    for k in ("p2p_s", "allreduce_s"):  # the shaped link bounds both: S bytes each way at most at the line rate
+        assert m["bytes"] / m[k] < emu.rate_bytes_per_s

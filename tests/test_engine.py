@@ -223,6 +223,26 @@ def test_full_duplex():
     assert simulate(same, c).step_time_s == pytest.approx(0.32)
 
 
+def test_a_link_that_is_not_fully_duplex():
+    """duplex_efficiency d: both directions busy, each keeps d of the payload rate; one alone, all of it."""
+    c = cluster(bandwidth=1e9 / 8)
+    c = replace(c, nic=replace(c.nic, duplex_efficiency=0.9))
+    one = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        Transfer(name="ab", src="a", dst="b", bytes_per_flow=20e6, pattern="spread"),))
+    both = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        Transfer(name="ab", src="a", dst="b", bytes_per_flow=20e6, pattern="spread"),
+        Transfer(name="ba", src="b", dst="a", bytes_per_flow=20e6, pattern="spread"),))
+    assert simulate(one, c).step_time_s == pytest.approx(0.16)
+    assert simulate(both, c).step_time_s == pytest.approx(0.16 / 0.9)
+    # a 2-node ring all-reduce sends and receives at once: the same d
+    ring = StepGraph(groups={"w": 2}, samples_per_step=1, tasks=(
+        Collective(name="ar", group="w", scheme="ring", bytes=20e6),))
+    full = simulate(ring, cluster(bandwidth=1e9 / 8)).step_time_s
+    assert simulate(ring, c).step_time_s == pytest.approx(full / 0.9)
+    with pytest.raises(SpecError, match="duplex_efficiency"):
+        replace(c.nic, duplex_efficiency=0.2)
+
+
 def test_max_min_fairness():
     # a→sink (1 flow) and 3 workers→sink compete for the sink's ingress; a also sends to b.
     # sink ingress: 4 flows → B/4 each; a's egress carries a→sink (B/4) and a→b gets the rest (3B/4).

@@ -592,9 +592,13 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
                           f"with {comp['shared_processes']} processes")
     rate = link.get("configured_bytes_per_s")
     if rate:
+        # a 2-rank ring all-reduce sends and receives its bytes at once: its bus bandwidth against
+        # the one-way payload rate is how much of it each direction keeps with both busy
+        two = (link.get("allreduce") or {}).get("2")
+        duplex = 1.0 if not two else min(1.0, max(0.5, two["bus_bytes_per_s"]["median"] / payload))
         nic = hardware.LinkSpec(name=f"emulated {units.format_bandwidth(rate)}", bandwidth_bytes_per_s=rate,
-                                latency_s=lat, efficiency=min(1.0, payload / rate),
-                                note=f"calibrated gloo point-to-point, {link['where']}")
+                                latency_s=lat, efficiency=min(1.0, payload / rate), duplex_efficiency=duplex,
+                                note=f"calibrated gloo point-to-point and 2-rank all-reduce, {link['where']}")
         name = f"emulated:{result.get('cluster')}"
         default_nodes = None
         try:

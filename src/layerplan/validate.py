@@ -223,7 +223,8 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     presets, the error of each, the lower bound and the efficiency against it. Where the row has
     its link's measured CPU cost per byte at its rate (``link_cpu_s_per_byte``, both ends), that
     replaces the calibration's; where it has the link's measured payload rate
-    (``link_payload_bytes_per_s``), that over the line rate is the link's efficiency."""
+    (``link_payload_bytes_per_s``), that over the line rate is the link's efficiency; where it has
+    the link measured both ways at once (``link_duplex``), ``duplex_efficiency`` fits it."""
     from layerplan.runtime.predict import predict_run
     from layerplan.runtime.run_spec import RunSpec
 
@@ -235,6 +236,9 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     if calibrated and row.get("link_payload_bytes_per_s"):  # the link's efficiency as measured at its rate
         cluster = replace(cluster, nic=replace(cluster.nic, efficiency=min(
             1.0, row["link_payload_bytes_per_s"] / cluster.nic.bandwidth_bytes_per_s)))
+    if calibrated and row.get("link_duplex"):
+        cluster = replace(cluster, nic=replace(cluster.nic, duplex_efficiency=duplex_efficiency(row["link_duplex"],
+                                                                                                 cluster)))
     pred = predict_run(spec, cluster)
     preset = predict_run(spec, preset_cluster) if calibrated else pred
     meas = row["measured_step_s"]
@@ -396,8 +400,27 @@ def speedups(rows: list[dict]) -> list[dict]:
 
 
 LINK_CPU_REPEATS = 3
+DUPLEX_S, DUPLEX_REPEATS = 2.0, 5
+"""The link both ways at once: 2 s of bytes, 5 times (one measurement at 100 Mbit/s varies 1.02–1.14×)."""
 SLOW_SPEED = 0.9
 """A row whose speed probe read below this is flagged: the machine was busy with something else."""
+
+
+def duplex_efficiency(m: dict, cluster: hardware.ClusterSpec) -> float:
+    """The link's ``duplex_efficiency`` from ``emulate.measure_duplex``'s message and all-reduces
+    of the same bytes: how much more slowly the all-reduces ran against the message than the engine
+    (full duplex, with the cluster's CPU cost of moving bytes) predicts they would. At 10 Gbit/s
+    both are CPU-bound and the engine's CPU model already explains the all-reduces' extra time."""
+    from layerplan.cost.engine import Collective, StepGraph, Transfer, simulate
+    from layerplan.runtime.emulate import BUCKETS
+
+    full = replace(cluster, nodes=2, nic=replace(cluster.nic, duplex_efficiency=1.0))
+    one = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        Transfer(name="message", src="a", dst="b", bytes_per_flow=m["bytes"], pattern="spread"),))
+    ddp = StepGraph(groups={"w": 2}, samples_per_step=1, tasks=tuple(
+        Collective(name=f"bucket{i}", group="w", scheme="ring", bytes=m["bytes"] / BUCKETS) for i in range(BUCKETS)))
+    predicted = simulate(one, full).step_time_s / simulate(ddp, full).step_time_s
+    return min(1.0, max(0.5, (m["p2p_s"] / m["allreduce_s"]) / predicted))
 
 
 def measure_link(emu) -> tuple[float, float]:
@@ -462,6 +485,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             continue
         with emulate.running(hosts, rate, EMULATION_NAME) as emu:
             link_cpu, link_rate = measure_link(emu) if track else (None, None)
+            duplex = emulate.measure_duplex(emu, seconds=DUPLEX_S, repeats=DUPLEX_REPEATS) if track else None
             for c in batch:
                 slow = too_slow(c, emu, calibrated, matrix)
                 if slow:
@@ -478,7 +502,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     row = run_case(c, emu, calibrated, matrix, out_dir / "runs")
                     if track:
                         row.update(speed=probe / speed_reference, probe_flops_per_s=probe, link_cpu_s_per_byte=link_cpu,
-                                   link_payload_bytes_per_s=link_rate,
+                                   link_payload_bytes_per_s=link_rate, link_duplex=duplex,
                                    load_speed=load / load_reference, load_probe_flops_per_s=load)
                     rows.append({**row, **prediction(row, emu, calibrated)})
                 except RunError as e:  # one failed configuration is reported, the matrix goes on

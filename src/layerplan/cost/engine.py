@@ -5,7 +5,10 @@ which bytes cross which NICs, what depends on what — and this engine turns it 
 
 **Symmetric node groups.** A graph names roles, each with a number of identical nodes
 (``{"worker": 1024, "server": 64}``). Every node has its own compute device and its own NIC, full
-duplex: egress and ingress each carry ``nic.bandwidth · nic.efficiency`` bytes/s. A task runs on
+duplex: egress and ingress each carry ``nic.bandwidth · nic.efficiency`` bytes/s, and where the link
+says a direction keeps only ``nic.duplex_efficiency`` d of that while the other is busy too (TCP's
+acknowledgements), the two together carry at most 2·d of it (one more shared resource per NIC,
+"NIC both ways": one direction alone still runs at the full rate). A task runs on
 every node of its group at once, all nodes alike, so the engine simulates one representative node
 per group and flow *classes* with multiplicities instead of single flows: a PS step with 1,024
 workers is four tasks, not a million flows.
@@ -445,13 +448,17 @@ class _Resources:
         self.dev: dict[str, int] = {}
         self.egress: dict[str, int] = {}
         self.ingress: dict[str, int] = {}
+        self.both: dict[str, int] = {}  # egress + ingress together, where the link is not fully duplex
         bw = cluster.nic.payload_bytes_per_s  # PALEO §3.3: payload share of the line rate
+        d = cluster.nic.duplex_efficiency
         self.group_index = {g: j for j, g in enumerate(groups)}
         self.nic_of: list[int] = []  # per resource: the group whose NIC it is, or -1
         for j, g in enumerate(groups):
             self.dev[g] = self._add(f"{g} compute", 1.0, -1)
             self.egress[g] = self._add(f"{g} NIC egress", bw, j)
             self.ingress[g] = self._add(f"{g} NIC ingress", bw, j)
+            if d < 1:
+                self.both[g] = self._add(f"{g} NIC both ways", 2.0 * d * bw, j)
         cores = cluster.shared_core_capacity or cluster.shared_cores  # contention: busy cores give less
         self.cores = None if cluster.shared_cores is None else self._add("shared cores", float(cores), -1)
         sw = cluster.switch_bandwidth_bytes_per_s
@@ -527,6 +534,8 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                 if amount > 0:
                     coefs.append((res.egress[t.src], float(out_f)))
                     coefs.append((res.ingress[t.dst], float(in_f)))
+                    if res.both:
+                        coefs += [(res.both[t.src], float(out_f)), (res.both[t.dst], float(in_f))]
                     if res.switch is not None:
                         coefs.append((res.switch, float(total_f)))
                     if res.cores is not None and cluster.comm_cpu_s_per_byte > 0:  # both ends' CPU, every flow
@@ -545,6 +554,8 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                 for r, b in ((res.egress[t.group], cost.send_bytes_per_node), (res.ingress[t.group], cost.recv_bytes_per_node)):
                     if b > 0:
                         coefs.append((r, b / amount))
+                if res.both and cost.send_bytes_per_node + cost.recv_bytes_per_node > 0:
+                    coefs.append((res.both[t.group], (cost.send_bytes_per_node + cost.recv_bytes_per_node) / amount))
                 if res.switch is not None and cost.total_bytes > 0:
                     coefs.append((res.switch, cost.total_bytes / amount))
                 if res.cores is not None and cost.total_bytes > 0:
