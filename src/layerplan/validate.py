@@ -401,25 +401,24 @@ def speedups(rows: list[dict]) -> list[dict]:
 
 LINK_CPU_REPEATS = 3
 DUPLEX_S, DUPLEX_REPEATS = 2.0, 5
-"""The link both ways at once: 2 s of bytes, 5 times (one measurement at 100 Mbit/s varies 1.02–1.14×)."""
+"""The link both ways at once: 2 s of bytes, 5 times (one all-reduce at 100 Mbit/s takes 1.02–1.06× the message)."""
 SLOW_SPEED = 0.9
 """A row whose speed probe read below this is flagged: the machine was busy with something else."""
 
 
 def duplex_efficiency(m: dict, cluster: hardware.ClusterSpec) -> float:
-    """The link's ``duplex_efficiency`` from ``emulate.measure_duplex``'s message and all-reduces
-    of the same bytes: how much more slowly the all-reduces ran against the message than the engine
+    """The link's ``duplex_efficiency`` from ``emulate.measure_duplex``'s message and all-reduce
+    of the same bytes: how much more slowly the all-reduce ran against the message than the engine
     (full duplex, with the cluster's CPU cost of moving bytes) predicts they would. At 10 Gbit/s
     both are CPU-bound and the engine's CPU model already explains the all-reduces' extra time."""
     from layerplan.cost.engine import Collective, StepGraph, Transfer, simulate
-    from layerplan.runtime.emulate import BUCKETS
 
     full = replace(cluster, nodes=2, nic=replace(cluster.nic, duplex_efficiency=1.0))
     one = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
         Transfer(name="message", src="a", dst="b", bytes_per_flow=m["bytes"], pattern="spread"),))
-    ddp = StepGraph(groups={"w": 2}, samples_per_step=1, tasks=tuple(
-        Collective(name=f"bucket{i}", group="w", scheme="ring", bytes=m["bytes"] / BUCKETS) for i in range(BUCKETS)))
-    predicted = simulate(one, full).step_time_s / simulate(ddp, full).step_time_s
+    ring = StepGraph(groups={"w": 2}, samples_per_step=1, tasks=(
+        Collective(name="allreduce", group="w", scheme="ring", bytes=m["bytes"]),))
+    predicted = simulate(one, full).step_time_s / simulate(ring, full).step_time_s
     return min(1.0, max(0.5, (m["p2p_s"] / m["allreduce_s"]) / predicted))
 
 

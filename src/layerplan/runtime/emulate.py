@@ -338,17 +338,17 @@ def measure_link_cpu(emu: Emulated, seconds: float = 2.0) -> dict[str, float]:
 
 
 DUPLEX_PORT = 29556
-BUCKETS = 4
 
 
 def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dict[str, float]:
     """The link one way and both ways at once, as gloo moves bytes between two hosts: the median
-    time of a point-to-point message of S bytes (about ``seconds`` at this rate) and of S bytes
-    all-reduced over the 2 hosts as DDP does, BUCKETS all-reduces of S/BUCKETS launched at once
-    (gloo's ring: each host sends and receives S/2 twice), alternating, ``repeats`` times.
-    Measured here at 100 Mbit/s (25 MB): one all-reduce takes 1.02–1.06× the message, four at once
-    1.09–1.13× (the acknowledgements of one direction's streams ride the other).
-    Returns {"bytes", "p2p_s", "allreduce_s"}."""
+    time of a point-to-point message of S bytes (about ``seconds`` at this rate) and of an
+    all-reduce of S bytes over the 2 hosts (gloo's ring: each host sends and receives S/2 at once,
+    twice), alternating, ``repeats`` times. Measured here at 100 Mbit/s (25 MB): the all-reduce
+    takes 1.02–1.06× the message (the acknowledgements of one direction's stream ride the other);
+    split in four launched at once, as DDP's buckets go, 1.09–1.14×, and the same from one run to
+    the next — while DDP's steps ran 4–7% slower than the model's full duplex says: the single
+    all-reduce is the steadier measure and the nearer one. Returns {"bytes", "p2p_s", "allreduce_s"}."""
     import sys
 
     if emu.hosts < 2:
@@ -359,10 +359,8 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
             f"r=dist.get_rank();t=torch.ones({size // 4});p,a=[],[]\n"
             "def one():\n dist.send(t,1) if r==0 else dist.recv(t,0)\n"
             "def timed(f):\n dist.barrier();t0=time.perf_counter();f();dist.barrier();return time.perf_counter()-t0\n"
-            f"parts=list(t.chunk({BUCKETS}))\n"
-            "def ddp():\n for w in [dist.all_reduce(x,async_op=True) for x in parts]: w.wait()\n"
-            "one();ddp()\n"  # the pair opened, both ways: not counted
-            f"for _ in range({repeats}): p.append(timed(one));a.append(timed(ddp))\n"
+            "one();dist.all_reduce(t)\n"  # the pair opened, both ways: not counted
+            f"for _ in range({repeats}): p.append(timed(one));a.append(timed(lambda: dist.all_reduce(t)))\n"
             "print(json.dumps([statistics.median(p),statistics.median(a)]),flush=True)\n")
     procs = [subprocess.Popen([*emu.exec_prefix(i), sys.executable, "-c", code], text=True,
                               env={**os.environ, **host_env(emu, i, 2, port=DUPLEX_PORT)},
