@@ -238,16 +238,21 @@ class FcServer(_Sends, RoleBase):
 
 class ConvModelServer(_Sends, RoleBase):
     """Applies group pushes in arrival order and sends each group its next pull — one group's pull
-    at a time: a pull goes out once the previous one's machines have said (a one-element READY
-    message) that it arrived; pulls due meanwhile wait in arrival order. Sent at once, pulls due
-    together share this server's egress and all arrive late, their groups push together, and the
-    groups fall into lockstep: g pulls, then g pushes, each direction of the link idle while the
-    other works (measured on the emulated cluster at 100 Mbit/s: vgg16_cifar, 2 and 4 machines in 2
-    groups, 15 s and 41 s a round where one group's pull riding another's push gives 10 s and 20 s).
-    One at a time, the first groups start one pull apart and stay so: a group's pull meets another's
-    push on the link's other direction. The schedule (strategies/groups.py) starts the groups the
-    same way. A send's completion cannot stand in for the READY: gloo completes it once the bytes
-    are in the kernel's socket buffers, megabytes before they arrive."""
+    and one group's push on its link at a time. A pull goes out once the previous one's machines
+    have said (a one-element READY message) that it arrived; pulls due meanwhile wait in arrival
+    order. A push comes in once the previous one has: its receives are posted then (gloo's send
+    waits for them), in the order the pulls went out. Sent at once, pulls due together share this
+    server's egress and all arrive late, their groups push together, and the groups fall into
+    lockstep: g pulls, then g pushes, each direction of the link idle while the other works
+    (measured on the emulated cluster at 100 Mbit/s: vgg16_cifar, 2 machines in 2 groups, 15 s a
+    round where one group's pull riding another's push gives 10 s). Pushes let in together drift
+    the same way where a group has k ≥ 2 machines: their k flows share the ingress unevenly, the
+    group's slowest push gates its next pull, the next group's push catches up with it and the
+    egress idles (traced: alexnet_cifar, 4 machines in 2 groups, 1.3 s of an idle egress in a 4.1 s
+    round). One at a time, the first groups start one pull apart and stay so: a group's pull meets
+    another's push on the link's other direction. The schedule (strategies/groups.py) starts the
+    groups the same way. A send's completion cannot stand in for the READY: gloo completes it once
+    the bytes are in the kernel's socket buffers, megabytes before they arrive."""
 
     def __init__(self, ctx, split):
         import collections
@@ -268,6 +273,8 @@ class ConvModelServer(_Sends, RoleBase):
         self.pending: list[list] = [[] for _ in self.groups]  # each group's model sends in flight
         self.due: collections.deque[int] = collections.deque()  # groups whose pull waits for the link
         self.pulling: int | None = None  # the group whose pull is on the link (not yet READY)
+        self.push_due: collections.deque[int] = collections.deque()  # groups whose push waits for the link
+        self.pushing: int | None = None  # the group whose push may come in now
         self._started = False
         self.t0 = time.perf_counter()
         ctx.module = None  # the server keeps the flat conv model only
@@ -291,21 +298,36 @@ class ConvModelServer(_Sends, RoleBase):
         it = self.next_iter[j]
         self.pending[j] = [(dist.isend(snapshot, dst=r, tag=tag(it, PULL)), snapshot) for r in self.groups[j]]
         self.pulled_at[j] = self.version
-        bufs = [self.scratch(f"push{j}.{i}", shape, dtype) for i in range(len(self.groups[j]))]
-        works = [dist.irecv(buf, src=r, tag=tag(it, PUSH)) for buf, r in zip(bufs, self.groups[j])]
-        self.arrivals.expect(j, works, bufs)
+        if self.pushing is None:
+            self._receive_push(j)
+        else:
+            self.push_due.append(j)
         if len(self.groups) > 1:
             self.pulling = j
             ready = [self.scratch(f"ready{r}", (1,), dtype) for r in self.groups[j]]
             self.arrivals.expect(("ready", j), [dist.irecv(t, src=r, tag=tag(it, READY))
                                                 for t, r in zip(ready, self.groups[j])], ready)
 
+    def _receive_push(self, j: int) -> None:
+        """Post the receives of group j's next push: its machines' sends wait for them (gloo's send
+        is a rendezvous), so only this group's push comes in until it has arrived."""
+        import torch.distributed as dist
+
+        it = self.next_iter[j]
+        bufs = [self.scratch(f"push{j}.{i}", self.w.shape, self.w.dtype) for i in range(len(self.groups[j]))]
+        self.arrivals.expect(j, [dist.irecv(buf, src=r, tag=tag(it, PUSH)) for buf, r in zip(bufs, self.groups[j])],
+                             bufs)
+        self.pushing = j
+
     def _next_push(self):
-        """(group, pushed gradients) of the next push to arrive; READYs met meanwhile free the link
-        for the next pull due."""
+        """(group, pushed gradients) of the next push to arrive — the next push due then may come
+        in; READYs met meanwhile free the link for the next pull due."""
         while True:
             j, bufs = self.arrivals.next()
             if not isinstance(j, tuple):
+                self.pushing = None
+                if self.push_due:
+                    self._receive_push(self.push_due.popleft())
                 return j, bufs
             self._ready()
 
