@@ -292,10 +292,11 @@ def measure_link_cpu(emu: Emulated, seconds: float = 2.0) -> dict[str, float]:
     """CPU seconds per payload byte that the machine spends moving gloo messages between two hosts
     at this emulation's rate — both ends, the veth pair, the bridge and the tbf qdiscs: busy CPU
     time from /proc/stat while rank 0 sends rank 1 about ``seconds`` of point-to-point messages
-    (torch.distributed, as the runtime moves them), less the machine's busy share when idle
-    (measured just before). Measured here: ≈ 4–8 ns/byte at 100 Mbit/s (timer and wake-up work per
-    packet at a low rate), 1.0 at 1 and 10 Gbit/s, 0.7 unshaped — a plain socket stream written
-    1 MB at a time costs twice that at 1 Gbit/s, so the messages are gloo's.
+    (torch.distributed, as the runtime moves them), less the machine's busy share when idle (the
+    least of three quarter-second windows just before). Measured here: ≈ 4–8 ns/byte at 100 Mbit/s
+    (timer and wake-up work per packet at a low rate), 1.0 at 1 and 10 Gbit/s, 0.7 unshaped — a
+    plain socket stream written 1 MB at a time costs twice that at 1 Gbit/s, so the messages are
+    gloo's.
     Returns {"cpu_s_per_byte", "rate_bytes_per_s", "baseline_cores"}."""
     import sys
 
@@ -312,9 +313,8 @@ def measure_link_cpu(emu: Emulated, seconds: float = 2.0) -> dict[str, float]:
             "print('START',flush=True);t0=time.perf_counter()\n"
             f"for _ in range({iters}): one()\n"
             "dist.barrier();print('END',time.perf_counter()-t0,flush=True)\n")
-    b0, t0 = _busy_cpu_s(), time.perf_counter()
-    time.sleep(0.5)
-    baseline = (_busy_cpu_s() - b0) / (time.perf_counter() - t0)
+    baseline = min(_busy_share(0.25) for _ in range(3))  # the idle floor: a transient (a process
+    # still exiting) in one window would pass for the machine's idle load and cancel the link's CPU
     procs = [subprocess.Popen([*emu.exec_prefix(i), sys.executable, "-c", code], text=True,
                               env={**os.environ, **host_env(emu, i, 2, port=LINK_CPU_PORT)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
@@ -376,6 +376,13 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
         raise EmulationError(f"link duplex measurement failed: {err[-200:] or 'no output'}")
     p2p, allreduce = json.loads(outs[0][0].strip().splitlines()[-1])
     return {"bytes": float(size), "p2p_s": p2p, "allreduce_s": allreduce}
+
+
+def _busy_share(window_s: float) -> float:
+    """Cores' worth of busy CPU over the next ``window_s`` seconds."""
+    b0, t0 = _busy_cpu_s(), time.perf_counter()
+    time.sleep(window_s)
+    return (_busy_cpu_s() - b0) / (time.perf_counter() - t0)
 
 
 def _busy_cpu_s() -> float:
