@@ -220,3 +220,19 @@ def test_summary_reports_the_speed_range():
     assert validate.summarize(rows)["slow_rows"] == 0
     assert validate.summarize([{**rows[0], "speed": 0.5}, rows[1]])["slow_rows"] == 1
     assert validate.summarize([row("a", "ps", 1.0, 1.1)])["speed_range"] is None
+
+
+def test_the_summary_prints_each_rates_link_as_measured():
+    import io
+
+    from rich.console import Console
+
+    r, emu, cal = _calibrated_row()
+    r = {**r, "rate": "100Mbit", "rate_bytes_per_s": 12.5e6, "link_cpu_s_per_byte": 4e-9,
+         "link_payload_bytes_per_s": 11.95e6, "measured_throughput": 32.0}
+    emu = type(emu)(name="t", hosts=2, rate_bytes_per_s=12.5e6, subnet=1)
+    rows = [{**r, **validate.prediction(r, emu, cal)}]
+    out = io.StringIO()
+    validate.print_summary({"summary": validate.summarize(rows), "rows": rows}, Console(file=out, width=200))
+    assert "100Mbit link: payload 95.6 Mbit/s (efficiency 0.956), each direction 1.000 of it with both busy, " \
+           "4.0 ns of CPU per byte" in out.getvalue()

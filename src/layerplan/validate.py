@@ -250,6 +250,7 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         "lower_bound_s": bound, "lower_bound_compute_s": comp, "lower_bound_comm_s": comm,
         "efficiency": bound / meas if meas else None,
         "predicted_bytes_per_step": pred["bytes_per_step"]["total"], "bottleneck": pred["bottleneck"],
+        "link_efficiency": cluster.nic.efficiency, "link_duplex_efficiency": cluster.nic.duplex_efficiency,
     }
 
 
@@ -630,6 +631,11 @@ def print_summary(doc: dict, con=None) -> None:
         if s.get("slow_rows"):
             con.print(f"  [yellow]{s['slow_rows']} row(s) ran while the machine was below {SLOW_SPEED:g}× that speed "
                       "(something else took the CPU): their errors measure that too[/]")
+    links = {r["rate"]: r for r in doc["rows"] if r.get("link_payload_bytes_per_s") and "link_efficiency" in r}
+    for rate, r in links.items():  # what each rate's link measured, as the predictions use it
+        con.print(f"  {rate} link: payload {units.format_bandwidth(r['link_payload_bytes_per_s'])} "
+                  f"(efficiency {r['link_efficiency']:.3f}), each direction {r['link_duplex_efficiency']:.3f} of it "
+                  f"with both busy, {1e9 * r['link_cpu_s_per_byte']:.1f} ns of CPU per byte")
     for b in s["scenarios"]:
         con.print(f"  {b['model']}, {b['workers']} workers, {b['rate']}: predicted best {b['predicted_best']}, "
                   f"measured best {b['measured_best']} " + ("✓" if b["match"] else

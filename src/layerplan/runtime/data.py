@@ -119,8 +119,6 @@ class AugmentedDigitsSource(DigitsSource):
 
     def params(self, positions: list[int]):
         """(angle_rad, scale, shift_x_px, shift_y_px) per position: four uniforms from two hashes."""
-        import math
-
         out = []
         for p in positions:
             a, b = _seed(self.seed, p, 4), _seed(self.seed, p, 5)

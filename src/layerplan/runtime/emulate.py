@@ -345,10 +345,10 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
     time of a point-to-point message of S bytes (about ``seconds`` at this rate) and of an
     all-reduce of S bytes over the 2 hosts (gloo's ring: each host sends and receives S/2 at once,
     twice), alternating, ``repeats`` times. Measured here at 100 Mbit/s (25 MB): the all-reduce
-    takes 1.02–1.06× the message (the acknowledgements of one direction's stream ride the other);
-    split in four launched at once, as DDP's buckets go, 1.09–1.14×, and the same from one run to
-    the next — while DDP's steps ran 4–7% slower than the model's full duplex says: the single
-    all-reduce is the steadier measure and the nearer one. Returns {"bytes", "p2p_s", "allreduce_s"}."""
+    takes 1.02–1.08× the message (the acknowledgements of one direction's stream ride the other).
+    Split in four launched at once, as DDP's buckets go, the same bytes took 1.09–1.14×, more than
+    DDP's steps lost (4–7% against the model's full duplex): fitted to it, the model over-corrected
+    them by as much. Returns {"bytes", "p2p_s", "allreduce_s"}."""
     import sys
 
     if emu.hosts < 2:

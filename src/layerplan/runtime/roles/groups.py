@@ -15,10 +15,10 @@ the run. Every message goes where the schedule sends it:
   group batch at a time, so the FC model is never stale (Omnivore §V-A).
 - conv model server: applies group pushes in arrival order (the k gradients summed, SGD with the
   run's lr, momentum and weight decay) and sends the updated model to the group that pushed, which
-  is its next pull — one group's pull on its link at a time, the others due waiting in arrival
-  order (``ConvModelServer``). It counts the **staleness** of every update: how many other groups' updates
-  were applied between the model the group pulled and its push (Omnivore §IV-A: S = g − 1 when
-  groups take turns).
+  is its next pull — one group's pull and one group's push on its link at a time, the others
+  waiting in turn (``ConvModelServer``). It counts the **staleness** of every update: how many
+  other groups' updates were applied between the model the group pulled and its push (Omnivore
+  §IV-A: S = g − 1 when groups take turns).
 
 Steps: every group does ``spec.steps`` iterations; one step is one round (each group one
 iteration, N·B samples), as the engine counts ``samples_per_step``. A server's step serves the
