@@ -95,6 +95,7 @@ def fake_result(on="emulated", eff=0.62, payload=119.5e6):
                  **({"efficiency": s([payload / 125e6])} if on == "emulated" else {}),
                  "allreduce": {"2": {"bytes": 2**24, "bus_bytes_per_s": s([118e6]), "vs_p2p": s([0.99]),
                                      **({"efficiency": s([0.944])} if on == "emulated" else {})}}},
+        "rounds": {"bytes": 4096, "round_s": {"2": s([0.15e-3]), "4": s([0.75e-3])}, "oversubscribed_wait_s": 0.6e-3},
     }
 
 
@@ -109,6 +110,7 @@ def test_cluster_file_round_trips_through_the_loader_and_the_cli(tmp_path, capsy
     assert hardware.resolve_cluster(str(path)) == spec
     assert spec.device.compute_efficiency == pytest.approx(result["compute"]["compute_efficiency"]["median"])
     assert spec.shared_cores == 2 and spec.nodes == 3 and spec.device.kind == "cpu"
+    assert spec.oversubscribed_wait_s == pytest.approx(0.6e-3)
     assert spec.device.update_bandwidth == ((2**20, 25e9), (2**27, 16e9))
     if on == "emulated":
         assert spec.nic.bandwidth_bytes_per_s == 125e6 and spec.nic.efficiency == pytest.approx(0.956, rel=1e-3)
@@ -169,6 +171,17 @@ def test_a_real_loopback_measurement_gives_a_positive_rate():
 
 
 # ---- profiled layers -------------------------------------------------------------------------
+def test_a_ring_round_with_more_ranks_than_cores_is_measured(tmp_path):
+    """A small all-reduce among as many processes as cores and among twice as many: a round's time
+    at each, and the wait the extra ranks add (never negative; nothing to measure past 8 cores)."""
+    assert calibrate.round_ranks(1) == [2] and calibrate.round_ranks(2) == [2, 4] and calibrate.round_ranks(16) == []
+    out = calibrate.measure_rounds(2, 1, tmp_path)
+    assert set(out["round_s"]) == {"2", "4"} and all(r["median"] > 0 for r in out["round_s"].values())
+    assert out["oversubscribed_wait_s"] == pytest.approx(
+        max(0.0, out["round_s"]["4"]["median"] - out["round_s"]["2"]["median"]))
+    assert calibrate.measure_rounds(1, 1, tmp_path)["oversubscribed_wait_s"] == 0.0  # one count: no difference
+
+
 def test_fit_line_is_exact_on_a_line_and_never_negative():
     assert calibrate.fit_line([16, 64], [0.002 + 16e-4, 0.002 + 64e-4]) == pytest.approx((0.002, 1e-4))
     assert calibrate.fit_line([8, 16, 32], [3e-3, 3e-3, 3e-3]) == pytest.approx((3e-3, 0.0), abs=1e-12)

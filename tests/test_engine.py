@@ -286,6 +286,27 @@ def test_shared_cores():
         replace(busy, shared_cores=None)
 
 
+def test_more_ranks_than_cores_wait_at_every_round_and_message():
+    """oversubscribed_wait_s is added to each ring round and each message's latency when the step's
+    nodes outnumber the shared cores, and only then."""
+    c = replace(cluster(bandwidth=1e9, latency=1e-4, nodes=8, shared_cores=2), oversubscribed_wait_s=1e-3)
+    ring = Collective(name="ar", group="w", scheme="ring", bytes=0.0)
+
+    def step(n):
+        return simulate(StepGraph(groups={"w": n}, samples_per_step=n, tasks=(ring,)), c).step_time_s
+
+    assert step(2) == pytest.approx(2 * 1e-4)  # 2 rounds, 2 ranks on 2 cores: the link's latency only
+    assert step(4) == pytest.approx(6 * (1e-4 + 1e-3))  # 6 rounds, 4 ranks on 2 cores
+    msg = Transfer(name="t", src="a", dst="b", bytes_per_flow=0.0, pattern="all_to_all")
+    two = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(msg,))
+    three = StepGraph(groups={"a": 2, "b": 1}, samples_per_step=1, tasks=(msg,))
+    assert simulate(two, c).step_time_s == pytest.approx(1e-4)
+    assert simulate(three, c).step_time_s == pytest.approx(1e-4 + 1e-3)
+    assert simulate(three, replace(c, shared_cores=None)).step_time_s == pytest.approx(1e-4)
+    with pytest.raises(SpecError, match="oversubscribed_wait_s"):
+        replace(c, oversubscribed_wait_s=-1.0)
+
+
 def test_moving_bytes_costs_the_shared_cores_cpu():
     """A 1 s transfer whose two ends need 0.5 core-seconds each, beside a 1 s compute task, on one
     shared core: 2 core-seconds of work on one core — both end at 2 s. Without the CPU cost, 1 s."""

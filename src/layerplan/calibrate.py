@@ -55,6 +55,9 @@ NETS = ("alexnet_cifar", "vgg16_cifar")
 P2P_SIZES_BYTES = tuple(4**k * 1024 for k in range(8))  # 1 KiB, 4 KiB, ... 16 MiB
 ACK_BYTES = 4
 MAX_ALLREDUCE_BYTES = 16 * 2**20
+SMALL_ALLREDUCE_BYTES = 4096
+"""An all-reduce this small is all latency: its time over the ring's 2(n−1) rounds is a round's wait."""
+SMALL_ALLREDUCE_ITERS = 100
 WORKER_TIMEOUT_S = 180.0  # no line from a benchmark process for this long: it is stuck
 
 
@@ -383,6 +386,69 @@ def measure_links(on: str = "local", name: str = "default", repeats: int = 3, qu
         return _link_section(on, name, cfg, d, advance or (lambda: None), ranks)
 
 
+def round_ranks(cores: int) -> list[int]:
+    """The rank counts ``measure_rounds`` runs: as many as the cores (at least 2) and twice as
+    many, on machines of up to 8 cores (beyond, the emulation's few hosts never outnumber the
+    cores). One more rank than cores is bimodal here (3 on 2 cores: 0.2 or 0.7 ms a round from one
+    run to the next); twice as many is steady."""
+    if cores > 8:
+        return []
+    return sorted({max(2, cores), 2 * cores})
+
+
+def measure_rounds(cores: int, repeats: int, log_dir: Path) -> dict:
+    """A ring all-reduce of a few bytes among n processes over loopback, for each n of
+    ``round_ranks``: all latency, its time over its 2(n−1) rounds is a round's. With more ranks
+    than cores a round waits for its receiver to get a core (here, 2 vCPUs: 0.2 ms a round with 2
+    ranks, 0.7-0.8 ms with 4). ``oversubscribed_wait_s``: the round with twice as many ranks as
+    cores less the round with as many (0 when not measured)."""
+    from layerplan.runtime.launch import free_port
+
+    out: dict[str, Any] = {"bytes": SMALL_ALLREDUCE_BYTES, "round_s": {}}
+    for n in round_ranks(cores):
+        port = free_port()
+        envs = [dict(_base_env(), RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                     GLOO_SOCKET_IFNAME="lo") for r in range(n)]
+        (log_dir / str(n)).mkdir(exist_ok=True)
+        cfg = {"repeats": repeats, "iters": SMALL_ALLREDUCE_ITERS, "timeout_s": 60.0}
+        procs = _Procs([_worker_argv("rounds", cfg)] * n, envs, log_dir / str(n))
+        try:
+            times = procs.expect("rounds", [0])[0]["time_s"]
+            procs.expect("done", n)
+        finally:
+            procs.close()
+        out["round_s"][str(n)] = spread([t / (2 * (n - 1)) for t in times])
+    base = out["round_s"].get(str(max(2, cores)))
+    over = [row["median"] for k, row in out["round_s"].items() if int(k) > cores]
+    out["oversubscribed_wait_s"] = max(0.0, statistics.fmean(over) - base["median"]) if base and over else 0.0
+    return out
+
+
+def _rounds_worker(cfg: dict) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg["timeout_s"]))
+    t = torch.ones(SMALL_ALLREDUCE_BYTES // 4)
+    medians = []
+    for _ in range(cfg["repeats"]):
+        times = []
+        for _ in range(cfg["iters"] + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            times.append(time.perf_counter() - t0)
+        medians.append(statistics.median(times[1:]))
+    if rank == 0:
+        _emit(event="rounds", time_s=medians)
+    dist.barrier()
+    _emit(event="done")
+
+
 def _link_section(on: str, name: str, cfg: dict, log_dir: Path, advance, ranks: int = 3) -> dict:
     from layerplan.runtime import emulate
     from layerplan.runtime.launch import free_port
@@ -491,6 +557,10 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
         compute = _compute_section(compute_cfg, log_dir, step, cores)
         (log_dir / "link").mkdir(exist_ok=True)
         link = _link_section(on, name, link_cfg, log_dir / "link", step)
+        (log_dir / "rounds").mkdir(exist_ok=True)
+        if bar is not None:
+            bar.update(task, description=f"ring rounds: {' and '.join(map(str, round_ranks(cores)))} ranks")
+        rounds = measure_rounds(cores, repeats, log_dir / "rounds")
         prof = None
         if profile_cfg is not None:
             (log_dir / "profile").mkdir(exist_ok=True)
@@ -508,6 +578,7 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
                     "when": time.strftime("%Y-%m-%d %H:%M:%S")},
         "compute": compute,
         "link": link,
+        "rounds": rounds,
     }
     if prof is not None:
         out["profile"] = prof
@@ -618,7 +689,8 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
     capacity = None if not eff_cores else min(float(cores), max(eff_cores, 1e-3))
     return hardware.ClusterSpec(name=name, nodes=nodes or default_nodes, device=device, nic=nic, shared_cores=cores,
                                 comm_cpu_s_per_byte=comm_cpu, reduce_cpu_s_per_byte=reduce_cpu,
-                                shared_core_capacity=capacity)
+                                shared_core_capacity=capacity,
+                                oversubscribed_wait_s=(result.get("rounds") or {}).get("oversubscribed_wait_s", 0.0))
 
 
 def comm_cpu_costs(link: dict) -> tuple[float, float]:
@@ -668,6 +740,12 @@ def summary_lines(result: dict) -> list[str]:
         extra = f", {row['efficiency']['median']:.3f} of the line rate" if "efficiency" in row else ""
         lines.append(f"all-reduce {units.format_bytes(row['bytes'], binary=True)} on {n} ranks: bus "
                      f"{f(row['bus_bytes_per_s'], units.format_bandwidth)} = {row['vs_p2p']['median']:.2f}× p2p{extra}")
+    rounds = result.get("rounds") or {}
+    if rounds.get("round_s"):
+        lines.append("ring round of a small all-reduce (loopback): " + ", ".join(
+            f"{units.format_seconds(row['median'])} with {n} ranks" for n, row in rounds["round_s"].items())
+            + f" on {result['machine']['cores']} cores: oversubscribed_wait_s "
+              f"{units.format_seconds(rounds['oversubscribed_wait_s'])}")
     if result.get("profile"):
         p = result["profile"]
         lines.append(f"profiled {len(p['layers'])} distinct layers of {', '.join(p['nets'])} at batch "
@@ -1238,11 +1316,11 @@ def _main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m layerplan.calibrate", description="a calibration benchmark process")
-    ap.add_argument("kind", choices=("compute", "link", "profile"))
+    ap.add_argument("kind", choices=("compute", "link", "profile", "rounds"))
     ap.add_argument("--config", required=True)
     args = ap.parse_args(argv)
     cfg = json.loads(args.config)
-    {"compute": _compute_worker, "link": _link_worker, "profile": _profile_worker}[args.kind](cfg)
+    {"compute": _compute_worker, "link": _link_worker, "profile": _profile_worker, "rounds": _rounds_worker}[args.kind](cfg)
     return 0
 
 

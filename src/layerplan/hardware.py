@@ -203,6 +203,12 @@ class ClusterSpec:
     ``layerplan calibrate`` measures it (the FLOP/s of one process per core at once over one
     process alone: ``effective_cores``). A task alone still runs at full speed; ``a`` tasks at once
     each get min(1, capacity / a). None: shared_cores (no contention)."""
+    oversubscribed_wait_s: float = 0.0
+    """With shared_cores: seconds each collective round and each message waits, beyond the link's
+    latency, when a step's ranks outnumber the cores — the rank a message goes to may be off its
+    core, and gloo's waiting ranks poll. ``layerplan calibrate`` times a small all-reduce with as
+    many ranks as cores and with twice as many (here: 0.15 ms a ring round with 2 ranks on 2
+    cores, 0.75-0.8 ms with 4). 0: not modelled."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
@@ -218,7 +224,7 @@ class ClusterSpec:
                                 or not math.isfinite(cap) or not 0 < cap <= self.shared_cores):
             raise SpecError(f"cluster {self.name!r}: shared_core_capacity must be a number in (0, shared_cores] "
                             f"with shared_cores set, got {cap!r}")
-        for f in ("comm_cpu_s_per_byte", "reduce_cpu_s_per_byte"):
+        for f in ("comm_cpu_s_per_byte", "reduce_cpu_s_per_byte", "oversubscribed_wait_s"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise SpecError(f"cluster {self.name!r}: {f} must be a non-negative number of seconds, got {v!r}")
@@ -238,6 +244,7 @@ class ClusterSpec:
             "comm_cpu_s_per_byte": self.comm_cpu_s_per_byte,
             "reduce_cpu_s_per_byte": self.reduce_cpu_s_per_byte,
             "shared_core_capacity": self.shared_core_capacity,
+            "oversubscribed_wait_s": self.oversubscribed_wait_s,
         }
 
     def describe(self) -> str:

@@ -167,7 +167,10 @@ def print_cluster(c) -> None:
     t.add_row("switch", "non-blocking" if c.switch_bandwidth_bytes_per_s is None else units.format_bandwidth(c.switch_bandwidth_bytes_per_s))
     t.add_row("shared cores", "no (each node its own)" if c.shared_cores is None else
               f"all nodes share {c.shared_cores}" + ("" if c.shared_core_capacity is None else
-                                                     f" ({c.shared_core_capacity:.2f} cores' worth with all busy)"))
+                                                     f" ({c.shared_core_capacity:.2f} cores' worth with all busy)")
+              + ("" if not c.oversubscribed_wait_s else
+                 f"; with more ranks than cores each ring round or message waits "
+                 f"{units.format_seconds(c.oversubscribed_wait_s)} more"))
     console().print(t)
 
 

@@ -317,7 +317,8 @@ def calibrated_for(emu, calibrated: hardware.ClusterSpec) -> hardware.ClusterSpe
     if cap is not None and calibrated.shared_cores:  # the same share of the cores
         cap = min(base.shared_cores, cap * base.shared_cores / calibrated.shared_cores)
     base = replace(base, comm_cpu_s_per_byte=calibrated.comm_cpu_s_per_byte,
-                   reduce_cpu_s_per_byte=calibrated.reduce_cpu_s_per_byte, shared_core_capacity=cap)
+                   reduce_cpu_s_per_byte=calibrated.reduce_cpu_s_per_byte, shared_core_capacity=cap,
+                   oversubscribed_wait_s=calibrated.oversubscribed_wait_s)
     if not calibrated.name.startswith("emulated"):  # a local calibration knows loopback, not these links
         return base
     nic = replace(base.nic, efficiency=calibrated.nic.efficiency, latency_s=calibrated.nic.latency_s)

@@ -24,7 +24,8 @@ workers is four tasks, not a million flows.
   costs CPU too where the cluster says so: ``comm_cpu_s_per_byte`` at each end of every message
   and ``reduce_cpu_s_per_byte`` on half of an all-reduce's bytes (the reduction), drawn from the
   same shared cores — on an emulated cluster at 10 Gbit/s, TCP and gloo's copies and reductions
-  take cores away from compute.
+  take cores away from compute. With more nodes in the step than shared cores, every collective
+  round and every message also waits ``oversubscribed_wait_s`` (its receiver may be off its core).
 - ``Transfer(src, dst, bytes_per_flow, pattern)``: a class of flows between two groups.
   ``messages · latency_s`` pass before the bytes move. Patterns, with n_s / n_d nodes:
 
@@ -512,6 +513,8 @@ def _is_network(t) -> bool:
 def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int], cluster: ClusterSpec,
              res: _Resources) -> list[_Act]:
     lat_s = cluster.nic.latency_s
+    if cluster.shared_cores is not None and sum(groups.values()) > cluster.shared_cores:
+        lat_s += cluster.oversubscribed_wait_s  # more ranks than cores: a message waits for its receiver's turn
     index = {t.name: i for i, t in enumerate(tasks)}
     acts: list[_Act] = []
     for i, t in enumerate(tasks):
