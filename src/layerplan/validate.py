@@ -52,16 +52,18 @@ class Matrix:
 MATRICES = {
     # FC-heavy (alexnet_cifar) and conv-heavy (resnet_cifar), 2 workers, 100 Mbit/s and 1 Gbit/s.
     "quick": Matrix(models=("alexnet_cifar", "resnet_cifar"), workers=(2,), rates=("100Mbit", "1Gbit"), target_s=8.0,
-                    max_steps=20),
+                    max_steps=40),
     # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, 10 Gbit/s, hybrid (all three nets
     # have an FC phase it can partition) and Omnivore's groups with g = 1, 2, 4 (of 2 and 4 conv machines).
     # Configurations predicted over 20 s a step are left out (at 100 Mbit/s: vgg16_cifar and
     # alexnet_cifar ps, vgg16_cifar ralp and groups — never a scenario's best), ~10 s of steps are
-    # measured per configuration and at least 2 (a 10 s step at 100 Mbit/s is one long, steady
-    # transfer), so --full fits 45 min: 124 configurations took 48 min with 12 s and 3.
+    # measured per configuration, at least 2 (a 10 s step at 100 Mbit/s is one long, steady
+    # transfer) and at most 30 (12 steps of resnet_cifar's 40 ms at 10 Gbit/s were 0.5 s, and a
+    # step's time spreads ±15% from one to the next there), so --full fits 45 min: 124
+    # configurations took 48 min with 12 s and 3.
     "full": Matrix(models=("vgg16_cifar", "alexnet_cifar", "resnet_cifar"), workers=(2, 4),
                    rates=("100Mbit", "1Gbit", "10Gbit"), strategies=(*RUNTIME_STRATEGIES, "groups"), groups=(1, 2, 4),
-                   max_step_s=20.0, target_s=10.0, min_steps=2),
+                   max_step_s=20.0, target_s=10.0, min_steps=2, max_steps=30),
 }
 
 
