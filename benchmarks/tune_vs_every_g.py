@@ -1,7 +1,7 @@
 """`layerplan tune`'s choice against running every g (Omnivore §V-B), on the digits data.
 
     PYTHONPATH=src .venv/bin/python benchmarks/tune_vs_every_g.py [--model debug] [--workers 4]
-        [--target-loss 0.3] [--steps 300] [--json]
+        [--target-loss 0.3] [--steps 300] [--trial-steps K] [--rungs R] [--data digits-augmented] [--json]
 
 1. ``layerplan tune`` as a user runs it: Algorithm 1's trials, each from the current model, the
    winner's iterations kept, then checkpointed epochs (a collapsed one rolled back and searched
@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--target-loss", type=float, default=0.3)
     ap.add_argument("--trial-steps", type=int, default=12)
+    ap.add_argument("--rungs", type=int, default=1, help="tune --rungs: successive halving of each grid (default 1)")
     ap.add_argument("--steps", type=int, default=300, help="iterations per group of every run to the target")
     ap.add_argument("--epoch-steps", type=int, default=100, help="tune's training epoch (iterations)")
     ap.add_argument("--data", default="digits", choices=("digits", "digits-augmented"))
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "layerplan", "tune", args.model, "--workers", str(args.workers),
                "--batch-size", str(args.batch_size), "--trial-steps", str(args.trial_steps), "--steps", str(args.steps),
                "--epoch-steps", str(args.epoch_steps), "--target-loss", str(args.target_loss), "--seed", str(args.seed),
-               "--data", args.data,
+               "--data", args.data, "--rungs", str(args.rungs),
                "--no-compare", "--out", str(out), *extra]
         r = subprocess.run(cmd, stdout=subprocess.DEVNULL if args.json or extra else None, stderr=subprocess.DEVNULL)
         return json.loads(out.read_text()) if r.returncode == 0 else None

@@ -49,6 +49,38 @@ def test_diverged_trials_lose_and_the_budget_stops_the_search():
     assert len(s.trials) == 1 and s.stopped == "time budget of 0 s spent"
 
 
+def test_successive_halving_runs_the_grid_in_rungs_from_where_each_trial_stopped():
+    """R = 3: all 8 (µ, η) for a quarter of a trial, the better 4 continued to half, the better 2
+    to a whole trial — 4 trials' iterations — and the lowest loss at the end wins."""
+    runs, ext = [], []
+    quality = {(mu, lr): abs(mu - 0.6) + (0.0 if lr == 0.1 else 0.3) for mu in (0.0, 0.3, 0.6, 0.9) for lr in (0.1, 0.01)}
+    cfg = {}
+
+    def trial(g, mu, lr, fraction=1.0):
+        runs.append((g, mu, lr, fraction))
+        cfg[len(cfg)] = (mu, lr)
+        return quality.get((mu, lr), 1.0) + 1.0 / (1 + fraction) if g == 4 else 1.0 / (1 + COLD_LRS.index(lr))
+
+    def extend(index, fraction):
+        ext.append((index, fraction))
+        return quality[cfg[index]] + 1.0 / (1 + fraction)
+
+    with pytest.raises(ValueError, match="extend"):
+        Search(trial, rungs=3)
+    s = Search(trial, extend=extend, rungs=3)
+    best = s.algorithm1(machines=4, g=4, last_lr=0.1, halve=False)
+    assert [r[3] for r in runs] == [0.25] * 8 and [f for _, f in ext] == [0.5] * 4 + [1.0] * 2
+    assert sum(0.25 for _ in runs) + sum(0.25 for _, f in ext if f == 0.5) + sum(0.5 for _, f in ext if f == 1.0) == 4.0
+    assert (best.momentum, best.lr, best.fraction) == (0.6, 0.1, 1.0) and s.trials[best.index] == best
+    assert len(s.trials) == 8 and {t.fraction for t in s.trials} == {0.25, 0.5, 1.0}
+    r = FakeRunner()
+    res = optimize(r, machines=4, start_groups=4, rungs=3)
+    assert res.final == (4, 0.3, 0.01) and r.log[1] == ("adopt", "grid", 4, 0.3, 0.1)
+    assert {t.fraction for t in res.trials if t.phase == "grid"} == {0.25, 0.5, 1.0}
+    cold = [t for t in res.trials if t.phase == "cold-start"]  # a quarter each, the best continued to a whole
+    assert sorted(t.fraction for t in cold) == [0.25] * (len(cold) - 1) + [1.0] and r.log[0][:2] == ("adopt", "cold-start")
+
+
 class FakeRunner:
     """A model whose state is its loss: a trial or an epoch multiplies it by a factor of (g, µ, η);
     η = 0.1 trains well for a trial but collapses to chance over an epoch (as on digits)."""
@@ -64,10 +96,17 @@ class FakeRunner:
     def factor(self, g, mu, lr):
         return 0.5 + abs(mu - {1: 0.9, 2: 0.6, 4: 0.3}[g]) + abs(math.log10(lr) + 1) * 0.1 + 0.01 * (4 - g)
 
-    def trial(self, g, mu, lr):
-        loss = self.w * self.factor(g, mu, lr)
+    def trial(self, g, mu, lr, fraction=1.0):
+        loss = self.w * self.factor(g, mu, lr) ** fraction
         self.kept[len(self.kept)] = loss
+        self.cfg = {**getattr(self, "cfg", {}), len(self.kept) - 1: ((g, mu, lr), fraction)}
         return loss
+
+    def extend(self, index, fraction):
+        (g, mu, lr), done = self.cfg[index]
+        self.kept[index] *= self.factor(g, mu, lr) ** (fraction - done)
+        self.cfg[index] = ((g, mu, lr), fraction)
+        return self.kept[index]
 
     def adopt(self, t):
         self.w = self.kept[t.index]
@@ -174,6 +213,27 @@ def test_tune_runs_every_trial_in_one_session_and_compares_sync_and_async(capsys
     # budget 0: the one cold-start trial is adopted (2 iterations), one epoch trains the other 2
     assert doc["trials"][0]["from_step"] == 0 and [e["from_step"] for e in doc["epochs"]] == [2]
     assert doc["search_s"] == 0 and doc["overhead"] is None  # no losing trial, no rolled-back epoch; no target
+
+
+def test_tune_by_successive_halving_continues_trials_from_their_checkpoints(capsys, tmp_path):
+    """--rungs 2: the grid's 8 trials run half a trial (3 iterations), the better 4 continue from
+    their checkpoints to a whole one (6); the winner's 6 iterations are the run's, after the cold
+    start's adopted 6."""
+    import json
+
+    from layerplan import cli
+
+    assert cli.main(["tune", "debug", "--workers", "2", "--groups", "2", "--trial-steps", "6", "--rungs", "2",
+                     "--steps", "14", "--epoch-steps", "2", "--no-compare", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    grid = [t for t in doc["trials"] if t["phase"] == "grid"]
+    assert [t["iterations"] for t in grid] == [3] * 8 + [6] * 4
+    assert sorted(t["trial"] for t in grid[8:]) == sorted({t["trial"] for t in grid[8:]}) and \
+        {t["trial"] for t in grid[8:]} <= {t["trial"] for t in grid[:8]}
+    first = {t["trial"]: t for t in grid[:8]}
+    kept = sorted(first.values(), key=lambda t: t["loss"])[:4]  # the better half went on
+    assert {t["trial"] for t in grid[8:]} == {t["trial"] for t in kept}
+    assert doc["epochs"][0]["from_step"] == 12 and doc["runs"][0]["steps"] == 14
 
 
 def test_run_summary_flags_a_run_that_ends_no_better_than_it_began():

@@ -49,6 +49,10 @@ def register(subparsers) -> None:
     p.add_argument("--budget", metavar="TIME", help="tuning time budget, e.g. 90s, 5min (the best trial so far wins)")
     p.add_argument("--batch-size", type=positive_int, default=8, metavar="B", help="samples per machine (default 8)")
     p.add_argument("--trial-steps", type=positive_int, default=12, metavar="K", help="iterations per group per trial (default 12)")
+    p.add_argument("--rungs", type=positive_int, default=1, metavar="R",
+                   help="run each grid by successive halving in R rungs: every (µ, η) for K/2^(R-1) iterations, "
+                        "the better half continued to twice as far, ..., the last two to K (R = 3: 8 configurations "
+                        "for the iterations of 4 trials; default 1: the paper's grid, every trial K iterations)")
     p.add_argument("--steps", type=positive_int, default=600, metavar="K",
                    help="iterations per group of the tuned run, adopted trials included; it ends earlier at "
                         "--target-loss (default 600)")
@@ -125,6 +129,7 @@ class LiveRunner:
         self.first_loss = math.inf
         self.kept: list[tuple[str, dict, float]] = []  # (what, measurement, wall s) of the trajectory's segments
         self.trials: list[tuple[str, dict, float]] = []  # (checkpoint dir, measurement, wall s) per trial
+        self.trial_cfg: list[tuple[int, float, float]] = []  # (g, µ, η) per trial
         self.adopted: set[int] = set()
         self.rolled_back_s = 0.0
         self.pending: tuple[str, dict, float] | None = None
@@ -139,17 +144,51 @@ class LiveRunner:
             self.first_loss = m["loss"][0]
         return out, m, time.perf_counter() - t
 
-    def trial(self, g: int, mu: float, lr: float) -> float:
+    def trial_steps(self, fraction: float) -> int:
+        """Iterations per group of ``fraction`` of a trial (a part: at least the LAST_STEPS its loss is of)."""
+        k = self.args.trial_steps
+        return k if fraction >= 1 else min(k, max(LAST_STEPS, round(k * fraction)))
+
+    def trial(self, g: int, mu: float, lr: float, fraction: float = 1.0) -> float:
         from layerplan.runtime.launch import RunError
 
         i = len(self.trials)
+        self.trial_cfg.append((g, mu, lr))
         try:
-            self.trials.append(self._go(f"trial-{i}", g, mu, lr, self.args.trial_steps))
+            self.trials.append(self._go(f"trial-{i}", g, mu, lr, self.trial_steps(fraction)))
         except RunError as e:  # a diverged run may fail: it loses the trial
             self._say(f"  trial g={g} µ={mu} η={lr:g} failed: {e}")
             self.trials.append((str(self.work / f"trial-{i}"), {"loss": []}, 0.0))
             return math.inf
         return final_loss(self.trials[-1][1])
+
+    def extend(self, index: int, fraction: float) -> float:
+        """Trial ``index`` continued from its checkpoint to ``fraction`` of a trial: one measurement
+        of both segments, one wall time, the new checkpoint in place of the old."""
+        import shutil
+
+        from layerplan.runtime.launch import RunError
+
+        out, m, wall = self.trials[index]
+        done = len(m["loss"])
+        more = self.trial_steps(fraction) - done
+        if not m["loss"] or more <= 0:
+            return final_loss(m) if m["loss"] else math.inf
+        g, mu, lr = self.trial_cfg[index]
+        name = f"trial-{index}-{done + more}"
+        spec = run_spec(self.args, g, mu, lr, self.step + done + more).replace(
+            checkpoint_dir=str(self.work / name), init_from=out)
+        t = time.perf_counter()
+        try:
+            m2 = self._run(spec)
+        except RunError as e:
+            self._say(f"  trial g={g} µ={mu} η={lr:g} failed: {e}")
+            self.trials[index] = (out, {**m, "loss": m["loss"] + [math.nan]}, wall + time.perf_counter() - t)
+            return math.inf
+        merged = {**m2, "loss": m["loss"] + m2["loss"], "step_times_s": m["step_times_s"] + m2["step_times_s"]}
+        self.trials[index] = (str(self.work / name), merged, wall + time.perf_counter() - t)
+        shutil.rmtree(out, ignore_errors=True)
+        return final_loss(merged)
 
     def adopt(self, t) -> None:
         out, m, wall = self.trials[t.index]
@@ -288,9 +327,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         def show(t) -> None:
             state["trials"].append({"phase": t.phase, "groups": t.groups, "momentum": t.momentum, "lr": t.lr,
                                     "loss": t.loss if math.isfinite(t.loss) else None, "seconds": t.seconds,
+                                    "iterations": runner.trial_steps(t.fraction), "trial": t.index,
                                     "from_step": runner.step})
             save()
-            say(f"  {t.phase:<10} g={t.groups:<3} µ={t.momentum:<4} η={t.lr:<8g} loss {t.loss:.4f}  ({t.seconds:.2f} s)")
+            say(f"  {t.phase:<10} g={t.groups:<3} µ={t.momentum:<4} η={t.lr:<8g} loss {t.loss:.4f}  ({t.seconds:.2f} s"
+                + ("" if args.rungs == 1 else f", {runner.trial_steps(t.fraction)} iterations") + ")")
 
         def show_epoch(e) -> None:
             state["epochs"].append({"index": e.index, "groups": e.groups, "momentum": e.momentum, "lr": e.lr,
@@ -303,7 +344,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                           if e.diverged else f"  iteration {runner.step + len(runner.pending[1]['loss'])}"))
 
         r = optimize(runner, args.workers, start, budget_s=budget, retune_epochs=args.retune_every,
-                     fixed_groups=args.groups is not None, progress=show, on_epoch=show_epoch)
+                     fixed_groups=args.groups is not None, progress=show, on_epoch=show_epoch, rungs=args.rungs)
         state.update({k: v for k, v in r.to_dict().items() if k not in ("trials", "epochs")})
         state["start_groups"] = start
         save()
