@@ -81,6 +81,25 @@ def test_successive_halving_runs_the_grid_in_rungs_from_where_each_trial_stopped
     assert sorted(t.fraction for t in cold) == [0.25] * (len(cold) - 1) + [1.0] and r.log[0][:2] == ("adopt", "cold-start")
 
 
+@pytest.mark.parametrize("async_rate, halve, grid_groups", [(105.0, True, 1), (150.0, True, 4), (105.0, False, 4)])
+def test_the_grid_goes_synchronous_where_asynchrony_buys_no_throughput(async_rate, halve, grid_groups):
+    """The first grid trial at g = 4 runs 1.05× the cold start's samples/s (< 1 + HE_GAIN): the grid
+    runs at g = 1 instead; at 1.5× it stays at g = 4; with g fixed (no halving) it stays too."""
+    rates = []
+
+    def trial(g, mu, lr):
+        rates.append(100.0 if g == 1 else async_rate)
+        return abs(mu - 0.3) + (0 if lr == 0.1 else 0.5) + (0.01 if g == 1 else 0.0)
+
+    s = Search(trial, rate=lambda i: rates[i])
+    cold = s.cold_start((0.01, 0.1))
+    best = s.algorithm1(machines=4, g=4, last_lr=cold.lr, halve=halve)
+    grid = [t for t in s.trials if t.phase == "grid"]
+    assert grid[0].groups == 4 and grid[0].samples_per_s == async_rate
+    assert {t.groups for t in grid[1:]} == {grid_groups} and len(grid) == (9 if grid_groups == 1 else 8)
+    assert (best.groups, best.momentum, best.lr) == (grid_groups, 0.3, 0.1)
+
+
 class FakeRunner:
     """A model whose state is its loss: a trial or an epoch multiplies it by a factor of (g, µ, η);
     η = 0.1 trains well for a trial but collapses to chance over an epoch (as on digits)."""

@@ -17,6 +17,12 @@ start's learning rates then run 1/2^(R−1) of a trial each, the best continued 
 Asynchrony adds implicit momentum 1 − 1/g (Theorem 1, ``stats/momentum.py``): when even µ = 0 is
 the best explicit momentum, the implicit part is already too much and g is halved.
 
+Algorithm 1 starts from the smallest g that saturates the FC server because asynchrony is assumed
+to buy hardware efficiency up to there. Where the trials' measured throughput says it does not —
+the first trial at g runs fewer than (1 + HE_GAIN)× the samples per second of the synchronous cold
+start's — the search goes to g = 1 at once (on 2 shared cores lenet5's 4 machines ran 3,546
+samples/s synchronously, 3,108 in 4 groups: asynchrony's staleness there buys nothing).
+
 ``optimize`` is the paper's loop around it: the search from the current model W, W ← the winning
 trial's end state, then epochs of training, each checkpointed; an epoch whose loss collapses is
 rolled back and searched again at a tenth of the learning rate; every E epochs the search may run
@@ -37,6 +43,8 @@ from typing import Callable, Protocol
 MOMENTA = (0.0, 0.3, 0.6, 0.9)  # Omnivore's released optimizer
 COLD_LRS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)  # Omnivore §V-B: 0.1 … 0.00001, tried from low to high
 COLD_MOMENTUM = 0.9
+HE_GAIN = 0.1
+"""Asynchrony must run at least this much faster than synchronous training to be searched."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,6 +61,8 @@ class Trial:
     """Its place in the search's trials."""
     fraction: float = 1.0
     """The share of a whole trial's iterations it has run (successive halving runs them in rungs)."""
+    samples_per_s: float | None = None
+    """Its measured throughput, where the trial callable's runner reports it."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,11 +107,12 @@ class Search:
 
     def __init__(self, trial: Callable[..., float], *, momenta: tuple[float, ...] = MOMENTA,
                  budget_s: float | None = None, progress: Callable[[Trial], None] | None = None,
-                 extend: Callable[[int, float], float] | None = None, rungs: int = 1):
+                 extend: Callable[[int, float], float] | None = None, rungs: int = 1,
+                 rate: Callable[[int], float | None] | None = None):
         if rungs < 1 or (rungs > 1 and extend is None):
             raise ValueError("successive halving (rungs > 1) needs extend()")
         self._trial, self.momenta, self.budget_s, self._progress = trial, momenta, budget_s, progress
-        self._extend, self.rungs = extend, rungs
+        self._extend, self.rungs, self._rate = extend, rungs, rate
         self.trials: list[Trial] = []
         self.stopped: str | None = None
         self.seconds = 0.0
@@ -116,7 +127,8 @@ class Search:
         t = time.perf_counter()
         loss = float(self._trial(g, mu, lr) if self.rungs == 1 else self._trial(g, mu, lr, fraction))
         tr = Trial(phase=phase, groups=g, momentum=mu, lr=lr, loss=loss if math.isfinite(loss) else math.inf,
-                   seconds=time.perf_counter() - t, index=len(self.trials), fraction=fraction)
+                   seconds=time.perf_counter() - t, index=len(self.trials), fraction=fraction,
+                   samples_per_s=self._rate(len(self.trials)) if self._rate else None)
         self.seconds += tr.seconds
         self.trials.append(tr)
         if self._progress:
@@ -136,12 +148,29 @@ class Search:
             self._progress(out)
         return out
 
-    def grid(self, phase: str, g: int, configs: list[tuple[float, float]]) -> Trial:
-        """The lowest-loss (µ, η) of ``configs`` at g: each a whole trial, or by successive halving."""
-        if self.rungs == 1:
-            return min((self.run(phase, g, mu, lr) for mu, lr in configs), key=lambda t: t.loss)
+    def sync_rate(self) -> float | None:
+        """The synchronous (g = 1) trials' median measured samples per second, if known."""
+        rates = sorted(t.samples_per_s for t in self.trials if t.groups == 1 and t.samples_per_s)
+        return rates[len(rates) // 2] if rates else None
+
+    def no_gain(self, tr: Trial) -> bool:
+        """Trial ``tr`` (at g > 1) ran fewer than (1 + HE_GAIN)× the synchronous samples per second."""
+        sync = self.sync_rate()
+        return tr.groups > 1 and sync is not None and tr.samples_per_s is not None and \
+            tr.samples_per_s < (1.0 + HE_GAIN) * sync
+
+    def grid(self, phase: str, g: int, configs: list[tuple[float, float]], to_sync: bool = False) -> Trial:
+        """The lowest-loss (µ, η) of ``configs`` at g: each a whole trial, or by successive halving.
+        ``to_sync``: when its first trial shows asynchrony at g buys no throughput (``no_gain``), the
+        grid runs at g = 1 instead."""
         fractions = [2.0 ** (r - self.rungs + 1) for r in range(self.rungs)]  # R = 3: 1/4, 1/2, 1
-        alive = [self.run(phase, g, mu, lr, fractions[0]) for mu, lr in configs]
+        first = self.run(phase, g, *configs[0], fractions[0])
+        if to_sync and self.no_gain(first):
+            g = 1
+            first = self.run(phase, g, *configs[0], fractions[0])
+        if self.rungs == 1:
+            return min([first] + [self.run(phase, g, mu, lr) for mu, lr in configs[1:]], key=lambda t: t.loss)
+        alive = [first] + [self.run(phase, g, mu, lr, fractions[0]) for mu, lr in configs[1:]]
         for f in fractions[1:]:
             alive = sorted(alive, key=lambda t: t.loss)[:max(1, math.ceil(len(alive) / 2))]
             alive = [self.extend(t, f) for t in alive]
@@ -166,18 +195,19 @@ class Search:
         return cold
 
     def algorithm1(self, machines: int, g: int, last_lr: float, phase: str = "grid", halve: bool = True) -> Trial | None:
-        """gridSearch(momenta × {last, last/10} | g), halving g while the best momentum is 0 (unless
-        ``halve`` is off: g fixed by the user); None when the budget allowed no trial."""
+        """gridSearch(momenta × {last, last/10} | g), halving g while the best momentum is 0, and
+        going to g = 1 where asynchrony buys no throughput (unless ``halve`` is off: g fixed by the
+        user); None when the budget allowed no trial."""
         start = len(self.trials)
 
         def grid(g: int) -> Trial:
-            return self.grid(phase, g, [(mu, lr) for lr in (last_lr, last_lr / 10) for mu in self.momenta])
+            return self.grid(phase, g, [(mu, lr) for lr in (last_lr, last_lr / 10) for mu in self.momenta],
+                             to_sync=halve)
 
         try:
             best = grid(g)
-            while halve and best.momentum == 0 and g > 1:
-                g = next_groups(machines, g)
-                best = grid(g)
+            while halve and best.momentum == 0 and best.groups > 1:
+                best = grid(next_groups(machines, best.groups))
             return best
         except _OutOfBudget:
             pool = self.trials[start:]
@@ -267,7 +297,7 @@ def optimize(runner: Runner, machines: int, start_groups: int, *, momenta: tuple
     if machines % start_groups:
         raise ValueError(f"start_groups {start_groups} does not divide {machines}")
     search = Search(runner.trial, momenta=momenta, budget_s=budget_s, progress=progress,
-                    extend=getattr(runner, "extend", None), rungs=rungs)
+                    extend=getattr(runner, "extend", None), rungs=rungs, rate=getattr(runner, "samples_per_s", None))
     cold = search.cold_start(cold_lrs)
     runner.adopt(cold)
     halve = not fixed_groups
