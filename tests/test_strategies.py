@@ -208,6 +208,28 @@ def test_shared_cores_slow_compute():
     assert shared.breakdown["worker"]["compute_s"] == pytest.approx(2 * free.breakdown["worker"]["compute_s"], rel=0.05)
 
 
+def test_scale_gives_every_strategy_its_nodes_and_compares_them(capsys):
+    """`scale` puts each strategy on the nodes it needs for w workers (ps: + servers, stanza and
+    hybrid: + FC machines, ralp: + the PS worker, groups: + the FC and conv model servers), so
+    hybrid and groups compare with pure data parallelism at every w."""
+    import json
+
+    from layerplan import cli
+    from layerplan.plan import scaling
+
+    net = net_fc_heavy()
+    names = ("ps", "allreduce", "stanza", "ralp", "hybrid", "groups")
+    got = {c.strategy: c for c in scaling.curves(net, ideal(2), names, (2, 4), 8)}
+    extra = {"ps": 1, "allreduce": 0, "stanza": 1, "ralp": 1, "hybrid": 1, "groups": 2}
+    for name in names:
+        assert not got[name].skipped, (name, got[name].skipped)
+        assert [(p.workers, p.nodes) for p in got[name].points] == [(w, w + extra[name]) for w in (2, 4)]
+        assert all(p.throughput_samples_per_s > 0 for p in got[name].points)
+    assert cli.main(["scale", "alexnet_cifar", "--strategy", "allreduce,hybrid", "--workers", "2,4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["nodes"] for p in doc["hybrid"]["points"]] == [3, 5] and not doc["hybrid"]["skipped"]
+
+
 def test_strategies_without_fc_phase_say_why():
     net = make_net(chain(("c1", "conv", 100, (4, 4, 4), 1000), ("c2", "conv", 100, (4, 1, 1), 1000)))
     for name in ("stanza", "ralp", "groups", "hybrid"):

@@ -49,6 +49,13 @@ def _config(name: str, net: NetSpec, cluster: ClusterSpec, w: int, batch: int, o
         c = replace(cluster, nodes=w + 1)
         cfg = s.default(net, c, batch, workers=w)
         return c, cfg
+    if name == "hybrid":  # w CONV workers and n_f FC machines the fc layers are partitioned over
+        n_f = options.get("fc_workers") or 1
+        c = replace(cluster, nodes=w + n_f)
+        return c, s.default(net, c, batch, conv_workers=w, fc_workers=n_f)
+    if name == "groups":  # w conv machines, the merged FC server and the conv model server
+        c = replace(cluster, nodes=w + 2)
+        return c, s.default(net, c, batch, machines=w)
     c = replace(cluster, nodes=w)
     return c, s.default(net, c, batch, workers=w)
 
