@@ -91,9 +91,11 @@ def test_the_grid_goes_synchronous_where_asynchrony_buys_no_throughput(async_rat
         rates.append(100.0 if g == 1 else async_rate)
         return abs(mu - 0.3) + (0 if lr == 0.1 else 0.5) + (0.01 if g == 1 else 0.0)
 
-    s = Search(trial, rate=lambda i: rates[i])
+    told = []
+    s = Search(trial, rate=lambda i: rates[i], on_sync=lambda t, sync: told.append((t.groups, t.samples_per_s, sync)))
     cold = s.cold_start((0.01, 0.1))
     best = s.algorithm1(machines=4, g=4, last_lr=cold.lr, halve=halve)
+    assert told == ([(4, async_rate, 100.0)] if grid_groups == 1 else [])
     grid = [t for t in s.trials if t.phase == "grid"]
     assert grid[0].groups == 4 and grid[0].samples_per_s == async_rate
     assert {t.groups for t in grid[1:]} == {grid_groups} and len(grid) == (9 if grid_groups == 1 else 8)

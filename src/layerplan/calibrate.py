@@ -56,7 +56,7 @@ P2P_SIZES_BYTES = tuple(4**k * 1024 for k in range(8))  # 1 KiB, 4 KiB, ... 16 M
 ACK_BYTES = 4
 MAX_ALLREDUCE_BYTES = 16 * 2**20
 SMALL_ALLREDUCE_BYTES = 4096
-"""An all-reduce this small is all latency: its time over the ring's 2(n−1) rounds is a round's wait."""
+"""An all-reduce this small is all latency: its time over the ring's rounds (PALEO §2: 2(n−1)) is a round's."""
 SMALL_ALLREDUCE_ITERS = 100
 WORKER_TIMEOUT_S = 180.0  # no line from a benchmark process for this long: it is stuck
 
@@ -402,13 +402,12 @@ def measure_rounds(cores: int, repeats: int, log_dir: Path) -> dict:
     than cores a round waits for its receiver to get a core (here, 2 vCPUs: 0.2 ms a round with 2
     ranks, 0.7-0.8 ms with 4). ``oversubscribed_wait_s``: the round with twice as many ranks as
     cores less the round with as many (0 when not measured)."""
+    from layerplan.cost.collectives import collective_cost
     from layerplan.runtime.launch import free_port
 
     out: dict[str, Any] = {"bytes": SMALL_ALLREDUCE_BYTES, "round_s": {}}
     for n in round_ranks(cores):
-        port = free_port()
-        envs = [dict(_base_env(), RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                     GLOO_SOCKET_IFNAME="lo") for r in range(n)]
+        envs = _loopback_envs(n, free_port())
         (log_dir / str(n)).mkdir(exist_ok=True)
         cfg = {"repeats": repeats, "iters": SMALL_ALLREDUCE_ITERS, "timeout_s": 60.0}
         procs = _Procs([_worker_argv("rounds", cfg)] * n, envs, log_dir / str(n))
@@ -417,11 +416,18 @@ def measure_rounds(cores: int, repeats: int, log_dir: Path) -> dict:
             procs.expect("done", n)
         finally:
             procs.close()
-        out["round_s"][str(n)] = spread([t / (2 * (n - 1)) for t in times])
+        rounds = collective_cost("ring", SMALL_ALLREDUCE_BYTES, n).rounds
+        out["round_s"][str(n)] = spread([t / rounds for t in times])
     base = out["round_s"].get(str(max(2, cores)))
     over = [row["median"] for k, row in out["round_s"].items() if int(k) > cores]
     out["oversubscribed_wait_s"] = max(0.0, statistics.fmean(over) - base["median"]) if base and over else 0.0
     return out
+
+
+def _loopback_envs(world: int, port: int) -> list[dict]:
+    """Each rank's environment for a gloo group of ``world`` local processes over loopback."""
+    return [dict(_base_env(), RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 GLOO_SOCKET_IFNAME="lo") for r in range(world)]
 
 
 def _rounds_worker(cfg: dict) -> None:
@@ -456,8 +462,7 @@ def _link_section(on: str, name: str, cfg: dict, log_dir: Path, advance, ranks: 
     port = free_port()
     if on == "local":
         world, rate = ranks, None
-        envs = [dict(_base_env(), RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                     GLOO_SOCKET_IFNAME="lo") for r in range(world)]
+        envs = _loopback_envs(world, port)
         prefixes: list[list[str]] = [[] for _ in range(world)]
         where = "loopback"
     else:

@@ -36,6 +36,7 @@ is tested without processes.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
@@ -108,11 +109,12 @@ class Search:
     def __init__(self, trial: Callable[..., float], *, momenta: tuple[float, ...] = MOMENTA,
                  budget_s: float | None = None, progress: Callable[[Trial], None] | None = None,
                  extend: Callable[[int, float], float] | None = None, rungs: int = 1,
-                 rate: Callable[[int], float | None] | None = None):
+                 rate: Callable[[int], float | None] | None = None,
+                 on_sync: Callable[[Trial, float], None] | None = None):
         if rungs < 1 or (rungs > 1 and extend is None):
             raise ValueError("successive halving (rungs > 1) needs extend()")
         self._trial, self.momenta, self.budget_s, self._progress = trial, momenta, budget_s, progress
-        self._extend, self.rungs, self._rate = extend, rungs, rate
+        self._extend, self.rungs, self._rate, self._on_sync = extend, rungs, rate, on_sync
         self.trials: list[Trial] = []
         self.stopped: str | None = None
         self.seconds = 0.0
@@ -150,8 +152,8 @@ class Search:
 
     def sync_rate(self) -> float | None:
         """The synchronous (g = 1) trials' median measured samples per second, if known."""
-        rates = sorted(t.samples_per_s for t in self.trials if t.groups == 1 and t.samples_per_s)
-        return rates[len(rates) // 2] if rates else None
+        rates = [t.samples_per_s for t in self.trials if t.groups == 1 and t.samples_per_s]
+        return statistics.median(rates) if rates else None
 
     def no_gain(self, tr: Trial) -> bool:
         """Trial ``tr`` (at g > 1) ran fewer than (1 + HE_GAIN)× the synchronous samples per second."""
@@ -166,6 +168,8 @@ class Search:
         fractions = [2.0 ** (r - self.rungs + 1) for r in range(self.rungs)]  # R = 3: 1/4, 1/2, 1
         first = self.run(phase, g, *configs[0], fractions[0])
         if to_sync and self.no_gain(first):
+            if self._on_sync:
+                self._on_sync(first, self.sync_rate())
             g = 1
             first = self.run(phase, g, *configs[0], fractions[0])
         if self.rungs == 1:
@@ -284,7 +288,8 @@ class Runner(Protocol):
 def optimize(runner: Runner, machines: int, start_groups: int, *, momenta: tuple[float, ...] = MOMENTA,
              cold_lrs: tuple[float, ...] = COLD_LRS, budget_s: float | None = None, retune_epochs: int = 0,
              max_rollbacks: int = 3, fixed_groups: bool = False, progress: Callable[[Trial], None] | None = None,
-             on_epoch: Callable[[Epoch], None] | None = None, rungs: int = 1) -> TuneResult:
+             on_epoch: Callable[[Epoch], None] | None = None, rungs: int = 1,
+             on_sync: Callable[[Trial, float], None] | None = None) -> TuneResult:
     """Omnivore's optimizer as a loop (§V-B, Algorithm 1): the cold start, then the search from the
     current model, whose winning trial is adopted (its iterations are training, not overhead), then
     epochs of training, each checkpointed. Every ``retune_epochs`` epochs (0: never) the search runs
@@ -293,11 +298,13 @@ def optimize(runner: Runner, machines: int, start_groups: int, *, momenta: tuple
     learning rates a tenth of the diverged one's; after ``max_rollbacks`` the run stops.
     ``fixed_groups``: g stays ``start_groups`` (momentum and learning rate tuned for it alone).
     ``rungs`` > 1: each grid by successive halving (the runner's ``trial`` then takes a fraction
-    and it has ``extend``)."""
+    and it has ``extend``). ``on_sync(trial, sync_samples_per_s)``: told when a grid goes to g = 1
+    because asynchrony bought no throughput (the runner's ``samples_per_s`` measures it)."""
     if machines % start_groups:
         raise ValueError(f"start_groups {start_groups} does not divide {machines}")
     search = Search(runner.trial, momenta=momenta, budget_s=budget_s, progress=progress,
-                    extend=getattr(runner, "extend", None), rungs=rungs, rate=getattr(runner, "samples_per_s", None))
+                    extend=getattr(runner, "extend", None), rungs=rungs, rate=getattr(runner, "samples_per_s", None),
+                    on_sync=on_sync)
     cold = search.cold_start(cold_lrs)
     runner.adopt(cold)
     halve = not fixed_groups

@@ -338,12 +338,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                     "samples_per_s": t.samples_per_s,
                                     "from_step": runner.step})
             save()
-            prev = state["trials"][-2] if len(state["trials"]) > 1 else None
-            if t.groups == 1 and t.phase != "cold-start" and prev and prev["groups"] > 1 and prev["samples_per_s"]:
-                say(f"  g={prev['groups']} ran {prev['samples_per_s']:.0f} samples/s, under {1 + HE_GAIN:g}× the "
-                    f"synchronous cold start's: asynchrony buys no throughput here, the grid runs at g = 1")
             say(f"  {t.phase:<10} g={t.groups:<3} µ={t.momentum:<4} η={t.lr:<8g} loss {t.loss:.4f}  ({t.seconds:.2f} s"
                 + ("" if args.rungs == 1 else f", {runner.trial_steps(t.fraction)} iterations") + ")")
+
+        def went_sync(t, sync_samples_per_s: float) -> None:
+            say(f"  g={t.groups} ran {t.samples_per_s:.0f} samples/s, under {1 + HE_GAIN:g}× the synchronous "
+                f"{sync_samples_per_s:.0f} samples/s: asynchrony buys no throughput here, the grid runs at g = 1")
 
         def show_epoch(e) -> None:
             state["epochs"].append({"index": e.index, "groups": e.groups, "momentum": e.momentum, "lr": e.lr,
@@ -356,7 +356,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                           if e.diverged else f"  iteration {runner.step + len(runner.pending[1]['loss'])}"))
 
         r = optimize(runner, args.workers, start, budget_s=budget, retune_epochs=args.retune_every,
-                     fixed_groups=args.groups is not None, progress=show, on_epoch=show_epoch, rungs=args.rungs)
+                     fixed_groups=args.groups is not None, progress=show, on_epoch=show_epoch, rungs=args.rungs,
+                     on_sync=went_sync)
         state.update({k: v for k, v in r.to_dict().items() if k not in ("trials", "epochs")})
         state["start_groups"] = start
         save()
