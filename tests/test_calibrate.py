@@ -79,6 +79,20 @@ def test_spread_and_bus_bandwidth():
     assert calibrate.bus_bytes_per_s(900, 3, 1.0) == pytest.approx(1200)
 
 
+def test_reduce_cost_takes_the_point_to_point_rate_at_the_all_reduces_size():
+    """c_red = 2·(1/bus − 2/R) with R measured at the all-reduce's message size where the
+    point-to-point sizes include it (the slope over all sizes reads faster than 16 MiB messages)."""
+    s = calibrate.spread
+    link = {"configured_bytes_per_s": None, "payload_bytes_per_s": s([5e9]), "sizes_bytes": [2**20, 2**24],
+            "p2p_time_s": [2**20 / 5e9, 2**24 / 4e9], "allreduce": {"2": {"bytes": 2**24, "bus_bytes_per_s": s([1.6e9])}}}
+    comm, red = calibrate.comm_cpu_costs(link)
+    assert comm == pytest.approx(1 / 5e9)
+    assert red == pytest.approx(2 * (1 / 1.6e9 - 2 / 4e9))
+    del link["sizes_bytes"]  # no time at that size: the fitted rate
+    assert calibrate.comm_cpu_costs(link)[1] == pytest.approx(2 * (1 / 1.6e9 - 2 / 5e9))
+    assert calibrate.comm_cpu_costs({**link, "configured_bytes_per_s": 1.25e8}) == (0.0, 0.0)  # emulated: no CPU cost
+
+
 def fake_result(on="emulated", eff=0.62, payload=119.5e6):
     s = calibrate.spread
     return {

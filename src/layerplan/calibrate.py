@@ -55,6 +55,7 @@ NETS = ("alexnet_cifar", "vgg16_cifar")
 P2P_SIZES_BYTES = tuple(4**k * 1024 for k in range(8))  # 1 KiB, 4 KiB, ... 16 MiB
 ACK_BYTES = 4
 MAX_ALLREDUCE_BYTES = 16 * 2**20
+WHOLE_PASS_CALLS = 7  # calls of each whole pass the profile takes the median of (and a time window)
 SMALL_ALLREDUCE_BYTES = 4096
 """An all-reduce this small is all latency: its time over the ring's rounds (PALEO §2: 2(n−1)) is a round's."""
 SMALL_ALLREDUCE_ITERS = 100
@@ -319,8 +320,8 @@ def link_config(repeats: int = 3, quick: bool = False, sizes: Sequence[int] | No
     sizes = list(sizes or P2P_SIZES_BYTES)
     if len(set(sizes)) < 2 or any(not isinstance(n, int) or n < 4 or n % 4 for n in sizes):
         raise ConfigError(f"link sizes must be at least two different multiples of 4 bytes, got {sizes}")
-    return {"sizes": sizes, "repeats": repeats, "window_s": 0.1 if quick else 0.3, "min_iters": 2 if quick else 3,
-            "allreduce_iters": 2 if quick else 4, "timeout_s": 60.0}
+    return {"sizes": sizes, "repeats": repeats, "window_s": 0.2 if quick else 0.3, "min_iters": 2 if quick else 3,
+            "allreduce_iters": 32, "timeout_s": 60.0}
 
 
 def measure_compute(repeats: int = 3, quick: bool = False, *, cfg: dict | None = None, log_dir: str | Path | None = None,
@@ -703,15 +704,24 @@ def comm_cpu_costs(link: dict) -> tuple[float, float]:
     emulated one, whose rate limit hides the CPU). On loopback, moving bytes costs only CPU: the
     point-to-point payload rate R keeps each end busy, so each end spends 1/R per byte. A 2-rank
     ring all-reduce of S bytes has each rank send S, receive S and reduce S/2 on its own core, so
-    S / bus = 2S/R + (S/2)·c_red, i.e. c_red = 2·(1/bus − 2/R) (nccl-tests' bus bandwidth)."""
+    S / bus = 2S/R + (S/2)·c_red, i.e. c_red = 2·(1/bus − 2/R) (nccl-tests' bus bandwidth).
+
+    c_red is a difference of two rates, so both are taken at the same message size where the
+    point-to-point sizes include the all-reduce's: the rate fitted over 1 KiB–16 MiB read 5.0–5.3
+    GB/s here while 16 MiB messages alone moved 3.7–4.9 GB/s, and the fitted rate put c_red at
+    0.6–1.2 ns/B against 0.3 ns/B from one size (which the rows at 10 Gbit/s confirm: DDP's
+    steps with 4 workers were predicted 24–30% slow with 1.2 ns/B)."""
     if link.get("configured_bytes_per_s"):
         return 0.0, 0.0
-    rate = link["payload_bytes_per_s"]["median"]
-    comm = 1.0 / rate
+    comm = 1.0 / link["payload_bytes_per_s"]["median"]
     row = link.get("allreduce", {}).get("2")
     if not row:
         return comm, 0.0
-    return comm, max(0.0, 2.0 * (1.0 / row["bus_bytes_per_s"]["median"] - 2.0 * comm))
+    rate = link["payload_bytes_per_s"]["median"]
+    sizes, times = link.get("sizes_bytes") or [], link.get("p2p_time_s") or []
+    if row["bytes"] in sizes and len(times) == len(sizes) and times[sizes.index(row["bytes"])] > 0:
+        rate = row["bytes"] / times[sizes.index(row["bytes"])]
+    return comm, max(0.0, 2.0 * (1.0 / row["bus_bytes_per_s"]["median"] - 2.0 / rate))
 
 
 def summary_lines(result: dict) -> list[str]:
@@ -937,9 +947,15 @@ def _update_bytes_per_s(params: int) -> float:
     """Memory bandwidth as the engine's SGD update uses it (``strategies.base.update_s``: read the
     gradient, parameters and momentum, write parameters and momentum = 5 × the parameter bytes),
     from torch.optim.SGD with momentum on one thread over ``params`` parameters: the lowest of 5 steps."""
+    return 5 * params * 4 / _flat_update_s(params)
+
+
+def _flat_update_s(params: int) -> float:
+    """Seconds of one torch.optim.SGD step with momentum over one flat tensor of ``params``
+    parameters, on one thread: the lowest of 5 steps."""
     import torch
 
-    p = torch.nn.Parameter(torch.randn(params))
+    p = torch.nn.Parameter(torch.randn(max(1, params)))
     p.grad = torch.randn_like(p)
     opt = torch.optim.SGD([p], lr=1e-3, momentum=0.9)
     opt.step()  # creates the momentum buffer
@@ -948,7 +964,7 @@ def _update_bytes_per_s(params: int) -> float:
         t0 = time.perf_counter()
         opt.step()
         best = min(best, time.perf_counter() - t0)
-    return 5 * params * 4 / best
+    return best
 
 
 def _update_curve() -> list[list[float]]:
@@ -1033,7 +1049,11 @@ def _link_worker(cfg: dict) -> None:
                     t0 = time.perf_counter()
                     dist.all_reduce(t, group=group)
                     times.append(time.perf_counter() - t0)
-                ar[str(n)] = statistics.median(times[1:])
+                # one 16 MiB all-reduce's time swings 3× from one call to the next here (0.9–3.0
+                # GB/s of bus rate on loopback): like the point-to-point times, the lower quartile,
+                # of 32 calls (c_red below read 0.22–0.50 ns/B over four calibrations with 12 calls
+                # each, 0.27–0.30 with 32)
+                ar[str(n)] = lower_quartile(times[1:])
             dist.barrier()
         if rank == 0:
             _emit(event="repeat", rep=rep, p2p_s=p2p, allreduce_s=ar)
@@ -1105,6 +1125,16 @@ def _profile_worker(cfg: dict) -> None:
     def window(fn) -> float:
         return min(_per_call_s(fn, cfg["min_iters"], cfg["window_s"]) for _ in range(cfg["repeats"]))
 
+    def typical(fn) -> float:
+        """A whole pass's median call: the step time training sees (the lowest of two windows of
+        two calls read resnet_cifar's step 31–33 ms where training's median step took 35)."""
+        times, t0 = [], time.perf_counter()
+        while len(times) < WHOLE_PASS_CALLS or time.perf_counter() - t0 < cfg["whole_window_s"]:
+            t1 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t1)
+        return statistics.median(times)
+
     for key, it in seen.items():
         mod = it["module"]
         params = [p for p in mod.parameters() if p.requires_grad]
@@ -1135,6 +1165,9 @@ def _profile_worker(cfg: dict) -> None:
         for phase, per, module, in_shape, input_grad in timed:
             params = [p for p in module.parameters() if p.requires_grad]
             whole = {"net": net_name, "phase": phase, "counts": per, "batches": [], "fwd_s": [], "bwd_s": []}
+            if phase == "net":  # what the step adds to the passes, less the update the model charges
+                opt = torch.optim.SGD(params, lr=1e-6, momentum=0.9)
+                whole["update_s"] = _flat_update_s(sum(p.numel() for p in params))
             for b in cfg["batches"]:
                 x = torch.randn(b, *in_shape, requires_grad=input_grad)
                 inputs = params + ([x] if input_grad else [])
@@ -1142,14 +1175,22 @@ def _profile_worker(cfg: dict) -> None:
                 def fwd():
                     return module(x)
 
-                g = torch.randn_like(fwd())
+                out = fwd()
+                g = torch.randn_like(out)
+                y = torch.randint(0, out.shape[-1], (b,))
 
                 def fwd_bwd():
                     torch.autograd.grad(module(x), inputs, g)
 
-                fwd_bwd()
-                t_fwd = window(fwd)
-                t_all = window(fwd_bwd)
+                def train_step():
+                    opt.zero_grad(set_to_none=True)
+                    torch.nn.functional.cross_entropy(module(x), y).backward()
+                    opt.step()
+
+                step = train_step if phase == "net" else fwd_bwd
+                step()
+                t_fwd = typical(fwd)
+                t_all = typical(step) - whole.get("update_s", 0.0)
                 whole["batches"].append(b)
                 whole["fwd_s"].append(t_fwd)
                 whole["bwd_s"].append(max(0.0, t_all - t_fwd))
@@ -1240,7 +1281,7 @@ def profile_config(nets: Sequence[str], batches: Sequence[int] = (16, 64), quick
     if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
         raise ConfigError(f"profile batches must be positive integers, got {list(batches)}")
     return {"nets": list(nets), "batches": sorted(set(batches)), "repeats": max(1, min(repeats, 2) if quick else repeats),
-            "window_s": 0.03 if quick else 0.06, "min_iters": 2}
+            "window_s": 0.03 if quick else 0.06, "min_iters": 2, "whole_window_s": 0.3 if quick else 0.6}
 
 
 def measure_profile(cfg: dict, log_dir: Path, advance=None) -> dict:
