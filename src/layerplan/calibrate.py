@@ -717,7 +717,7 @@ def comm_cpu_costs(link: dict) -> tuple[float, float]:
     row = link.get("allreduce", {}).get("2")
     if not row:
         return comm, 0.0
-    rate = link["payload_bytes_per_s"]["median"]
+    rate = 1.0 / comm
     sizes, times = link.get("sizes_bytes") or [], link.get("p2p_time_s") or []
     if row["bytes"] in sizes and len(times) == len(sizes) and times[sizes.index(row["bytes"])] > 0:
         rate = row["bytes"] / times[sizes.index(row["bytes"])]
@@ -1051,8 +1051,8 @@ def _link_worker(cfg: dict) -> None:
                     times.append(time.perf_counter() - t0)
                 # one 16 MiB all-reduce's time swings 3× from one call to the next here (0.9–3.0
                 # GB/s of bus rate on loopback): like the point-to-point times, the lower quartile,
-                # of 32 calls (c_red below read 0.22–0.50 ns/B over four calibrations with 12 calls
-                # each, 0.27–0.30 with 32)
+                # of 32 calls (comm_cpu_costs' c_red read 0.22–0.50 ns/B over four calibrations
+                # with 12 calls each, 0.27–0.30 with 32)
                 ar[str(n)] = lower_quartile(times[1:])
             dist.barrier()
         if rank == 0:
@@ -1126,8 +1126,9 @@ def _profile_worker(cfg: dict) -> None:
         return min(_per_call_s(fn, cfg["min_iters"], cfg["window_s"]) for _ in range(cfg["repeats"]))
 
     def typical(fn) -> float:
-        """A whole pass's median call: the step time training sees (the lowest of two windows of
-        two calls read resnet_cifar's step 31–33 ms where training's median step took 35)."""
+        """A whole pass's median call, at least ``WHOLE_PASS_CALLS`` calls and ``whole_window_s``
+        seconds: the statistic validate compares with (a run's median step), where the lowest of a
+        few short windows picks the luckiest calls."""
         times, t0 = [], time.perf_counter()
         while len(times) < WHOLE_PASS_CALLS or time.perf_counter() - t0 < cfg["whole_window_s"]:
             t1 = time.perf_counter()
