@@ -306,3 +306,15 @@ def test_batch_check():
 def test_model_without_layers():
     with pytest.raises(ModelError, match="has no layers"):
         analyze(NoLayers(), (3, 4, 4), name="empty")
+
+
+def test_buffer_bytes_are_the_models_non_parameter_state():
+    m, shape = meta_zoo("resnet_cifar")
+    net = analyze(m, shape, name="resnet_cifar")
+    assert net.buffer_bytes == sum(b.numel() * b.element_size() for b in m.buffers()) > 0  # BatchNorm statistics
+    assert NetSpec.from_json(net.to_json()).buffer_bytes == net.buffer_bytes
+    old = net.to_dict()
+    del old["buffer_bytes"]  # a spec written before buffers were counted
+    assert NetSpec.from_dict(old).buffer_bytes == 0
+    m, shape = meta_zoo("alexnet_cifar")
+    assert analyze(m, shape, name="alexnet_cifar").buffer_bytes == 0

@@ -47,6 +47,36 @@ def test_up_shapes_and_down_removes_everything():
     assert emulate.down("t-shape") == 0  # idempotent
 
 
+def _class_packets(emu, where: list[str], dev: str) -> dict[str, int]:
+    """Packets sent per htb class of ``dev``'s egress (``tc -s class show``)."""
+    out = subprocess.run([*where, "tc", "-s", "class", "show", "dev", dev], capture_output=True, text=True,
+                         check=True).stdout
+    sent, cls = {}, None
+    for line in out.splitlines():
+        words = line.split()
+        if words[:2] == ["class", "htb"]:
+            cls = words[2]
+        elif words[:1] == ["Sent"] and cls:
+            sent[cls] = int(words[3])
+    return sent
+
+
+@needs_root
+def test_acknowledgements_go_ahead_of_the_queued_data():
+    """A one-way stream: its data leaves the sender by the bulk band, its acknowledgements leave
+    the receiver (and the switch port towards the sender) by the priority band."""
+    emu = emulate.up(2, "100Mbit", "t-ack")
+    try:
+        emulate.measure_rate(emu, nbytes=1_000_000)
+        sender, receiver = _class_packets(emu, emu.exec_prefix(0), "eth0"), _class_packets(emu, emu.exec_prefix(1), "eth0")
+        port = _class_packets(emu, ["ip", "netns", "exec", emu.switch], "p0")  # the switch towards the sender
+        assert sender["10:20"] > 600 > sender["10:10"]  # 1 MB of data in ~1.5 kB packets: bulk
+        assert receiver["10:10"] > 100 > receiver["10:20"]  # its acknowledgements: priority
+        assert port["10:10"] > 100 > port["10:20"]
+    finally:
+        emulate.down("t-ack")
+
+
 @needs_root
 def test_interrupted_run_leaves_no_namespace_or_process(tmp_path):
     script = tmp_path / "hold.py"

@@ -84,6 +84,20 @@ def test_ring_allreduce_bytes_and_time():
         assert pred.step_time_s == pytest.approx(t + 2 * (w - 1) / w * s / BW, rel=1e-6)
 
 
+def test_ddp_broadcasts_the_buffers_before_each_forward():
+    """DDP's default broadcast_buffers: rank 0 sends its buffers (BatchNorm statistics) to every
+    worker before the forward, which waits for them: (W − 1)·B more bytes and B/bandwidth more time."""
+    net, b, w, buf = net_fc_heavy(), 8, 4, 40_000
+    cfg = strategies.get("allreduce").Config(workers=w, algorithm="ring", bucket_bytes=0)
+    plain = strategies.predict(net, ideal(w), "allreduce", cfg, b)
+    with_bn = strategies.predict(replace(net, buffer_bytes=buf), ideal(w), "allreduce", cfg, b)
+    assert with_bn.total_bytes == pytest.approx(plain.total_bytes + (w - 1) * buf, rel=1e-9)
+    assert with_bn.step_time_s == pytest.approx(plain.step_time_s + (w - 1) * buf / BW, rel=1e-6)
+    alone = strategies.get("allreduce").Config(workers=1)
+    assert (strategies.predict(replace(net, buffer_bytes=buf), ideal(1), "allreduce", alone, b).step_time_s
+            == strategies.predict(net, ideal(1), "allreduce", alone, b).step_time_s)  # nobody to send them to
+
+
 def test_ddp_buckets_overlap_backward():
     net, b = net_fc_heavy(), 8
     one = strategies.predict(net, ideal(4), "allreduce", strategies.get("allreduce").Config(workers=4, bucket_bytes=0), b)

@@ -95,6 +95,9 @@ class NetSpec:
     """Width of the output, where known."""
     source: str = ""
     """Where the spec came from (for people)."""
+    buffer_bytes: int = 0
+    """Bytes of the model's state that is not parameters (BatchNorm's running statistics and batch
+    counters): torch DDP broadcasts them from rank 0 before every forward."""
     _single: tuple[bool, ...] = field(default=(), init=False, repr=False, compare=False)
     """single_cuts(layers), computed once."""
 
@@ -116,6 +119,8 @@ class NetSpec:
                         "(layers must be in topological order)"
                     )
             seen.add(layer.name)
+        if not isinstance(self.buffer_bytes, int) or isinstance(self.buffer_bytes, bool) or self.buffer_bytes < 0:
+            raise SpecError(f"network {self.name!r}: buffer_bytes must be a non-negative integer, got {self.buffer_bytes!r}")
         if self.boundary is not None and self.boundary not in seen:
             raise SpecError(f"network {self.name!r}: boundary {self.boundary!r} is not a layer")
         object.__setattr__(self, "_single", single_cuts(self.layers))
@@ -163,7 +168,7 @@ class NetSpec:
             raise SpecError(f"network {self.name!r}: dtype_bytes must be 1, 2, 4 or 8, got {dtype_bytes!r}")
         layers = tuple(replace(layer, param_bytes=layer.params * dtype_bytes,
                                out_bytes=layer.activations * dtype_bytes) for layer in self.layers)
-        return replace(self, dtype_bytes=dtype_bytes, layers=layers)
+        return replace(self, dtype_bytes=dtype_bytes, layers=layers)  # buffers keep their dtypes
 
     # ---- totals --------------------------------------------------------------------------
     @property
@@ -221,6 +226,7 @@ class NetSpec:
             "boundary": self.boundary,
             "num_classes": self.num_classes,
             "source": self.source,
+            "buffer_bytes": self.buffer_bytes,
             "layers": [_layer_to_dict(layer) for layer in self.layers],
         }
 
@@ -235,7 +241,7 @@ class NetSpec:
         if not isinstance(data, dict):
             raise SpecError(f"{where}: expected a JSON object, got {type(data).__name__}")
         keys = {"format", "name", "input_shape", "dtype_bytes", "boundary", "num_classes", "source", "layers"}
-        _exact_keys(data, keys, where)
+        _exact_keys({k: v for k, v in data.items() if k != "buffer_bytes"}, keys, where)  # buffer_bytes: optional
         if data["format"] != FORMAT_VERSION:
             raise SpecError(f"{where}: format {data['format']!r} is not supported (expected {FORMAT_VERSION})")
         if not isinstance(data["layers"], list):
@@ -248,6 +254,7 @@ class NetSpec:
             boundary=None if data["boundary"] is None else _typed(data["boundary"], str, f"{where}: boundary"),
             num_classes=None if data["num_classes"] is None else _typed(data["num_classes"], int, f"{where}: num_classes"),
             source=_typed(data["source"], str, f"{where}: source"),
+            buffer_bytes=_typed(data.get("buffer_bytes", 0), int, f"{where}: buffer_bytes"),
             layers=layers,
         )
 

@@ -5,7 +5,8 @@ veth pair to a bridge that lives in its own namespace, so the machine never rout
 subnet. A token-bucket filter (tbf) shapes both ends of every host's link — the host's egress and
 the switch port's egress towards it — so each host gets R in and R out, like a switch port
 (EMULATION.md). tbf burst ≥ max(64 KB, R × 1 ms) and limit ≥ 4 × burst, here also ≥ 50 ms of
-traffic at R (``QUEUE_S``); a burst below the MTU drops every packet silently.
+traffic at R (``QUEUE_S``); a burst below the MTU drops every packet silently. Inside the tbf, TCP
+acknowledgements go ahead of the queued data (``_tc``), so a link carries R both ways at once.
 
 Root is needed for ``ip netns``; without root, run layerplan inside an unprivileged user namespace
 (``unshare -Urnm --propagation private``, a tmpfs on /run, ``mkdir /run/netns``) where the same
@@ -117,11 +118,38 @@ def limit_bytes(rate_bytes_per_s: float) -> int:
     return int(max(4 * burst_bytes(rate_bytes_per_s), rate_bytes_per_s * QUEUE_S))
 
 
+ACK_BYTES = 128
+"""IPv4 TCP packets shorter than this (pure acknowledgements: 52–84 bytes with timestamps and SACK
+blocks) go ahead of the bulk data queued in a link's tbf (``_tc``)."""
+
+
 def _tc(ns: str, dev: str, rate_bytes_per_s: float) -> None:
+    """Shape ``dev``'s egress to the rate: tbf, and under it two bands — acknowledgements first,
+    then everything else in a FIFO of ``limit_bytes``. With one FIFO, a host sending and receiving
+    at once queued the acknowledgements of its incoming streams behind up to ``QUEUE_S`` of its
+    own outgoing data, and the incoming streams slowed: measured at 100 Mbit/s, one machine sending
+    2 × 10 MB while receiving 2 × 10 MB took 1.07–1.23× the time of one direction alone, sending 3
+    while receiving 1 took 1.4–1.8× (1 Gbit/s: up to 1.4×). With the acknowledgements first, every
+    mix of 1–3 streams each way took 0.99–1.03× (1 Gbit/s: 1.00–1.04× in most trials), as on a
+    real host, whose default queue (fq_codel) serves a sparse acknowledgement flow ahead of bulk
+    ones. tbf's child is htb used only for its strict priority (its classes' rates are above the
+    link's, tbf shapes); a u32 filter picks the acknowledgements (fq_codel itself is not in every
+    kernel: not in this one)."""
     burst = burst_bytes(rate_bytes_per_s)
     rate_bit = int(rate_bytes_per_s * 8)
-    _ip("netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_bit}bit",
+    tc = ("netns", "exec", ns, "tc")
+    _ip(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf", "rate", f"{rate_bit}bit",
         "burst", str(burst), "limit", str(limit_bytes(rate_bytes_per_s)))
+    above = f"{2 * rate_bit}bit"
+    _ip(*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "htb", "default", "20")
+    _ip(*tc, "class", "add", "dev", dev, "parent", "10:", "classid", "10:10", "htb", "rate", above, "prio", "0")
+    _ip(*tc, "class", "add", "dev", dev, "parent", "10:", "classid", "10:20", "htb", "rate", above, "prio", "1")
+    _ip(*tc, "qdisc", "add", "dev", dev, "parent", "10:20", "handle", "20:", "bfifo",
+        "limit", str(limit_bytes(rate_bytes_per_s)))
+    _ip(*tc, "filter", "add", "dev", dev, "parent", "10:", "protocol", "ip", "prio", "1", "u32",
+        "match", "ip", "protocol", "6", "0xff",  # TCP
+        "match", "u16", "0x0000", f"{0xffff & ~(ACK_BYTES - 1):#06x}", "at", "2",  # IPv4 total length < ACK_BYTES
+        "flowid", "10:10")
 
 
 def check_available() -> None:
@@ -345,7 +373,8 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
     time of a point-to-point message of S bytes (about ``seconds`` at this rate) and of an
     all-reduce of S bytes over the 2 hosts (gloo's ring: each host sends and receives S/2 at once,
     twice), alternating, ``repeats`` times. Measured here at 100 Mbit/s (25 MB): the all-reduce
-    takes 1.02–1.08× the message (the acknowledgements of one direction's stream ride the other).
+    takes 1.02–1.08× the message (the acknowledgements of one direction's stream ride the other;
+    1.015 with the acknowledgements ahead of the data, ``_tc``; 1.00 at 1 Gbit/s).
     Split in four launched at once, as DDP's buckets go, the same bytes took 1.09–1.14×, more than
     DDP's steps lost (4–7% against the model's full duplex): fitted to it, the model over-corrected
     them by as much. Returns {"bytes", "p2p_s", "allreduce_s"}."""
@@ -361,7 +390,8 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
             "def timed(f):\n dist.barrier();t0=time.perf_counter();f();dist.barrier();return time.perf_counter()-t0\n"
             "one();dist.all_reduce(t)\n"  # the pair opened, both ways: not counted
             f"for _ in range({repeats}): p.append(timed(one));a.append(timed(lambda: dist.all_reduce(t)))\n"
-            "print(json.dumps([statistics.median(p),statistics.median(a)]),flush=True)\n")
+            "print(json.dumps([statistics.median(p),statistics.median(a)]),flush=True)\n"
+            "dist.barrier();dist.destroy_process_group()\n")  # else gloo's threads may abort the exit
     procs = [subprocess.Popen([*emu.exec_prefix(i), sys.executable, "-c", code], text=True,
                               env={**os.environ, **host_env(emu, i, 2, port=DUPLEX_PORT)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]

@@ -1,7 +1,8 @@
 """`allreduce`: data parallelism with gradients all-reduced among the workers (PALEO §2), as torch's
 DistributedDataParallel runs it: gradients are grouped into buckets in reverse layer order (the
 order backward produces them) and each bucket's all-reduce starts as soon as its gradients are
-ready, overlapping the rest of backward; all-reduces run one after another on the wire.
+ready, overlapping the rest of backward; all-reduces run one after another on the wire. Before
+each forward, DDP broadcasts the model's buffers (BatchNorm statistics) from rank 0.
 
 Algorithms: ring (Horovod, NCCL/gloo default for large buffers), tree and butterfly (PALEO §2),
 recursive doubling (Stanza §4), one-to-all (PALEO §2).
@@ -70,7 +71,13 @@ class Allreduce(Strategy):
 
     def schedule(self, net: NetSpec, cluster: ClusterSpec, config: AllreduceConfig, batch: int) -> StepGraph:
         self.check(net, cluster, config)
-        tasks = [Compute(name="fwd", group="worker", seconds=fwd_s(net, net.layers, cluster, batch))]
+        tasks = []
+        if config.workers > 1 and net.buffer_bytes > 0:
+            # DDP (broadcast_buffers, its default) sends rank 0's buffers (BatchNorm's running
+            # statistics) to every worker before each forward: one broadcast, every worker waits for it
+            tasks.append(Collective(name="buffers", group="worker", scheme="scatter", bytes=net.buffer_bytes))
+        tasks.append(Compute(name="fwd", group="worker", seconds=fwd_s(net, net.layers, cluster, batch),
+                             deps=("buffers",) if tasks else ()))
         prev_bwd, prev_ar = "fwd", None
         for i, layers in enumerate(buckets(net, config.bucket_bytes)):
             bwd = f"bwd{i}"
