@@ -390,10 +390,9 @@ def analyze(module: nn.Module, input_shape: tuple[int, ...], *, name: str, sourc
         num_classes = int(tensors[0].shape[1])
     if not layers:
         raise ModelError(f"model {name} has no layers (its forward computes nothing from its input)")
-    buffers = {id(b): b for b in meta.buffers()}.values()
     return NetSpec(name=name, input_shape=input_shape, dtype_bytes=torch.empty((), dtype=dtype).element_size(),
                    layers=tuple(layers), boundary=find_boundary(layers), num_classes=num_classes, source=source,
-                   buffer_bytes=sum(b.numel() * b.element_size() for b in buffers))
+                   buffer_bytes=sum(b.numel() * b.element_size() for b in meta.buffers()))
 
 
 def _check_output(out: Any, name: str) -> None:

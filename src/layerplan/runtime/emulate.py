@@ -127,12 +127,13 @@ def _tc(ns: str, dev: str, rate_bytes_per_s: float) -> None:
     """Shape ``dev``'s egress to the rate: tbf, and under it two bands — acknowledgements first,
     then everything else in a FIFO of ``limit_bytes``. With one FIFO, a host sending and receiving
     at once queued the acknowledgements of its incoming streams behind up to ``QUEUE_S`` of its
-    own outgoing data, and the incoming streams slowed: measured at 100 Mbit/s, one machine sending
-    2 × 10 MB while receiving 2 × 10 MB took 1.07–1.23× the time of one direction alone, sending 3
-    while receiving 1 took 1.4–1.8× (1 Gbit/s: up to 1.4×). With the acknowledgements first, every
-    mix of 1–3 streams each way took 0.99–1.03× (1 Gbit/s: 1.00–1.04× in most trials), as on a
-    real host, whose default queue (fq_codel) serves a sparse acknowledgement flow ahead of bulk
-    ones. tbf's child is htb used only for its strict priority (its classes' rates are above the
+    own outgoing data, and the incoming streams slowed. Measured (gloo messages, 20 MB each way
+    split over the streams, median of 3, against 20 MB one way): at 100 Mbit/s, 2 streams out and
+    2 in took 1.11×, 3 out and 1 in 1.61×; at 1 Gbit/s, 1 out and 3 in 1.40×, 1 and 1 1.19×. With
+    the acknowledgements first, every mix of 1–3 streams each way took 1.00–1.03× at 100 Mbit/s,
+    and 1.01–1.05× at 1 Gbit/s but for one stream each way (1.27× there, where gloo's two-host
+    all-reduce, ``measure_duplex``, reads 1.00), as on a real host, whose default queue (fq_codel)
+    serves a sparse acknowledgement flow ahead of bulk ones. tbf's child is htb used only for its strict priority (its classes' rates are above the
     link's, tbf shapes); a u32 filter picks the acknowledgements (fq_codel itself is not in every
     kernel: not in this one)."""
     burst = burst_bytes(rate_bytes_per_s)
