@@ -110,6 +110,9 @@ def fake_result(on="emulated", eff=0.62, payload=119.5e6):
                  "allreduce": {"2": {"bytes": 2**24, "bus_bytes_per_s": s([118e6]), "vs_p2p": s([0.99]),
                                      **({"efficiency": s([0.944])} if on == "emulated" else {})}}},
         "rounds": {"bytes": 4096, "round_s": {"2": s([0.15e-3]), "4": s([0.75e-3])}, "oversubscribed_wait_s": 0.6e-3},
+        "synchronized_steps": {"processes": [1, 2, 4], "cores": 2, "batch": 16,
+                               "per_net": {"resnet_cifar": {"capacity": s([1.8, 1.82]), "oversubscribed_capacity": s([1.7])}},
+                               "capacity": s([1.8, 1.82]), "oversubscribed_capacity": s([1.7])},
     }
 
 
@@ -125,6 +128,8 @@ def test_cluster_file_round_trips_through_the_loader_and_the_cli(tmp_path, capsy
     assert spec.device.compute_efficiency == pytest.approx(result["compute"]["compute_efficiency"]["median"])
     assert spec.shared_cores == 2 and spec.nodes == 3 and spec.device.kind == "cpu"
     assert spec.oversubscribed_wait_s == pytest.approx(0.6e-3)
+    assert spec.shared_core_capacity == pytest.approx(1.81)  # the cores' worth of steps in lockstep
+    assert spec.oversubscribed_core_capacity == pytest.approx(1.7)
     assert spec.device.update_bandwidth == ((2**20, 25e9), (2**27, 16e9))
     if on == "emulated":
         assert spec.nic.bandwidth_bytes_per_s == 125e6 and spec.nic.efficiency == pytest.approx(0.956, rel=1e-3)
@@ -194,6 +199,33 @@ def test_a_ring_round_with_more_ranks_than_cores_is_measured(tmp_path):
     assert out["oversubscribed_wait_s"] == pytest.approx(
         max(0.0, out["round_s"]["4"]["median"] - out["round_s"]["2"]["median"]))
     assert calibrate.measure_rounds(1, 1, tmp_path)["oversubscribed_wait_s"] == 0.0  # one count: no difference
+
+
+def test_steps_in_lockstep_give_the_shared_core_capacities():
+    """A result with synchronized steps sets both capacities from them (the oversubscribed one
+    never above the other: more is noise); without, the independent benchmarks' effective cores
+    and no oversubscribed capacity."""
+    r = fake_result("local")
+    r["synchronized_steps"]["oversubscribed_capacity"] = calibrate.spread([1.95])
+    assert calibrate.to_cluster(r).oversubscribed_core_capacity == pytest.approx(1.81)
+    del r["synchronized_steps"]
+    spec = calibrate.to_cluster(r)
+    assert spec.shared_core_capacity == pytest.approx(1.9) and spec.oversubscribed_core_capacity is None
+    assert not any("lockstep" in line for line in calibrate.summary_lines(r))
+    assert any("lockstep" in line and "2 processes 1.81" in line and "4 processes 1.70" in line
+               for line in calibrate.summary_lines(fake_result()))
+
+
+@pytest.mark.slow
+def test_training_steps_alone_in_lockstep_and_two_per_core_are_timed(tmp_path):
+    """Real training steps of a zoo net: alone, one process per core with a barrier per step,
+    then two per core; positive capacities (here about 1.7-1.9 cores' worth of 2)."""
+    cfg = {**calibrate.synchronized_steps_config(["resnet_cifar"], quick=True), "window_s": 0.5}
+    out = calibrate.measure_synchronized_steps(2, cfg, tmp_path)
+    assert out["processes"] == [1, 2, 4] and set(out["per_net"]) == {"resnet_cifar"}
+    for k in ("capacity", "oversubscribed_capacity"):
+        assert len(out[k]["values"]) == cfg["repeats"] and all(0 < v < 4 for v in out[k]["values"])
+    assert calibrate.measure_synchronized_steps(16, cfg, tmp_path) == {}  # many cores: not measured
 
 
 def test_fit_line_is_exact_on_a_line_and_never_negative():

@@ -286,6 +286,26 @@ def test_shared_cores():
         replace(busy, shared_cores=None)
 
 
+def test_more_compute_threads_than_cores_get_the_oversubscribed_capacity():
+    """While more compute threads run than there are shared cores, the cores give
+    oversubscribed_core_capacity; as many threads as cores or fewer keep shared_core_capacity."""
+    c = replace(cluster(shared_cores=2), shared_core_capacity=1.9, oversubscribed_core_capacity=1.6)
+    four = StepGraph(groups={"w": 4}, samples_per_step=4, tasks=(Compute(name="c", group="w", seconds=1.0),))
+    two = StepGraph(groups={"w": 2}, samples_per_step=2, tasks=(Compute(name="c", group="w", seconds=1.0),))
+    assert simulate(four, c).step_time_s == pytest.approx(4 / 1.6)
+    assert simulate(two, c).step_time_s == pytest.approx(2 / 1.9)
+    assert simulate(four, replace(c, oversubscribed_core_capacity=None)).step_time_s == pytest.approx(4 / 1.9)
+    # 3 threads (2 + 1 in two roles): oversubscribed until the 2-node role's second of work is done
+    mixed = StepGraph(groups={"w": 2, "s": 1}, samples_per_step=2, tasks=(
+        Compute(name="c", group="w", seconds=1.0), Compute(name="d", group="s", seconds=3.0)))
+    # 3 threads share 1.6: 0.533 each until w's 1 s of work is done (1.875 s), then s alone at 1
+    assert simulate(mixed, c).step_time_s == pytest.approx(1 / (1.6 / 3) + (3 - 1))
+    with pytest.raises(SpecError, match="oversubscribed_core_capacity"):
+        replace(c, oversubscribed_core_capacity=2.5)
+    with pytest.raises(SpecError, match="oversubscribed_core_capacity"):
+        replace(c, shared_cores=None, shared_core_capacity=None)
+
+
 def test_more_ranks_than_cores_wait_at_every_round_and_message():
     """oversubscribed_wait_s is added to each ring round and each message's latency when the step's
     nodes outnumber the shared cores, and only then."""

@@ -22,9 +22,15 @@ What is measured, each ``repeats`` times (every figure: median and spread = (max
   over 2 and 3 ranks (bus bandwidth as nccl-tests defines it). ``local``: ranks over loopback;
   ``emulated``: ranks in hosts 0, 1 (and 2) of the named emulated cluster, so
   ``efficiency`` = payload rate / the cluster's configured line rate.
+- **ring rounds**: a small all-reduce among as many processes as cores and twice as many
+  (``oversubscribed_wait_s``).
+- **training steps in lockstep** (``measure_synchronized_steps``): whole training steps of the
+  profiled nets (else alexnet_cifar, vgg16_cifar, resnet_cifar) alone, then one process per core
+  and two per core with a barrier after every step: the cores' worth distributed steps get
+  (``shared_core_capacity``, ``oversubscribed_core_capacity``).
 
 The CLI (``layerplan calibrate``) is a thin wrapper; the worker processes are this module:
-``python -m layerplan.calibrate compute|link --config JSON``.
+``python -m layerplan.calibrate compute|link|profile|rounds|steps --config JSON``.
 """
 
 from __future__ import annotations
@@ -425,6 +431,123 @@ def measure_rounds(cores: int, repeats: int, log_dir: Path) -> dict:
     return out
 
 
+SYNC_NETS = ("alexnet_cifar", "vgg16_cifar", "resnet_cifar")
+"""Whose training steps ``measure_synchronized_steps`` times when no nets are profiled."""
+SYNC_MIN_STEPS = 6
+"""Each window holds at least this many of one oversubscribed process's steps."""
+
+
+def synchronized_steps_config(nets: Sequence[str] = (), repeats: int = 3, quick: bool = False) -> dict:
+    """What ``measure_synchronized_steps`` runs: nets, batch, the shortest window, repeats."""
+    return {"nets": list(nets or SYNC_NETS), "batch": 16, "repeats": 1 if quick else min(repeats, 2),
+            "window_s": 1.5 if quick else 2.5, "timeout_s": WORKER_TIMEOUT_S}
+
+
+def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=None) -> dict:
+    """Training steps of each net (batch 16, one thread per process): one process alone, then
+    one process per core with a barrier after every step, then two per core with a barrier after
+    every step — the way every distributed step of the emulated cluster runs, its ranks in
+    lockstep. Per repeat and net: ``capacity`` = cores · alone / synchronized step, and
+    ``oversubscribed_capacity`` = 2·cores · alone / oversubscribed step, in cores' worth
+    (``ClusterSpec.shared_core_capacity`` and ``oversubscribed_core_capacity``).
+
+    Both are below what independent benchmarks give. The cores are not equally free (the
+    kernel's and other processes' work lands on one more than the other), and a synchronized step
+    goes at the pace of its slowest rank: here 2 resnet_cifar processes took 32.0 and 35.2 ms a
+    step free-running, 36.8 ms each in lockstep. With two processes per core the kernel time-slices
+    them and each switch finds the core's caches full of the other's data: 4 processes took
+    1.04-1.08× twice the time of 2 (alexnet_cifar 1.04, vgg16_cifar 1.05, resnet_cifar 1.08).
+    Skipped (empty) on machines of more than 8 cores, as ``round_ranks``. ``advance()`` after each net."""
+    from layerplan.runtime.launch import free_port
+
+    if cores > 8:
+        return {}
+    n = 2 * cores
+    caps: dict[str, list[float]] = {}
+    overs: dict[str, list[float]] = {}
+    for net in cfg["nets"]:
+        (log_dir / net).mkdir(parents=True, exist_ok=True)
+        envs = _loopback_envs(n, free_port())
+        procs = _Procs([_worker_argv("steps", {**cfg, "net": net, "cores": cores})] * n, envs, log_dir / net)
+        try:
+            ready = procs.expect("ready", n)
+            step_s = max(r["step_s"] for r in ready.values())
+            window_s = max(cfg["window_s"], SYNC_MIN_STEPS * 2 * step_s)
+            for _ in range(cfg["repeats"]):
+                got = {}
+                for k in (1, cores, n):
+                    procs.send(f"go {window_s} {k}", range(k))
+                    got[k] = statistics.fmean(r["step_s"] for r in procs.expect("steps", range(k)).values())
+                caps.setdefault(net, []).append(cores * got[1] / got[cores])
+                overs.setdefault(net, []).append(n * got[1] / got[n])
+            procs.send("stop")
+            procs.expect("done", n)
+        finally:
+            procs.close()
+        if advance:
+            advance()
+    return {"processes": [1, cores, n], "cores": cores, "batch": cfg["batch"],
+            "per_net": {k: {"capacity": spread(caps[k]), "oversubscribed_capacity": spread(overs[k])} for k in caps},
+            "capacity": spread([v for vs in caps.values() for v in vs]),
+            "oversubscribed_capacity": spread([v for vs in overs.values() for v in vs])}
+
+
+def _steps_worker(cfg: dict) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from layerplan.netspec import zoo
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg["timeout_s"]))
+    first = dist.new_group(list(range(cfg["cores"])))  # every rank takes part in making it
+    model, shape = zoo.build(cfg["net"])
+    model.train()
+    x = torch.randn(cfg["batch"], *shape[-3:])
+    out = model(x)
+    y = torch.randint(0, out.shape[-1], (cfg["batch"],))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    step()  # warm-up: allocator, kernels
+    t0 = time.perf_counter()
+    step()
+    _emit(event="ready", step_s=time.perf_counter() - t0)
+    while True:
+        line = sys.stdin.readline().split()
+        if not line or line[0] != "go":  # "stop" (or the parent gone) ends
+            break
+        window_s, k = float(line[1]), int(line[2])
+        group = None if k == 1 else first if k == cfg["cores"] else dist.group.WORLD
+        if group is not None:
+            dist.barrier(group=group)  # start together
+        end = time.perf_counter() + window_s
+        times: list[float] = []
+        while True:
+            t1 = time.perf_counter()
+            step()
+            over = len(times) >= 2 and time.perf_counter() >= end
+            if group is not None:  # the step's synchronization, which also tells every rank rank 0's "over"
+                flag = torch.tensor([1.0 if over and rank == 0 else 0.0])
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+                over = flag.item() > 0
+            times.append(time.perf_counter() - t1)
+            if over:
+                break
+        _emit(event="steps", step_s=statistics.median(times[1:]))
+    dist.barrier()
+    _emit(event="done")
+
+
 def _loopback_envs(world: int, port: int) -> list[dict]:
     """Each rank's environment for a gloo group of ``world`` local processes over loopback."""
     return [dict(_base_env(), RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -567,6 +690,11 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
         if bar is not None:
             bar.update(task, description=f"ring rounds: {' and '.join(map(str, round_ranks(cores)))} ranks")
         rounds = measure_rounds(cores, repeats, log_dir / "rounds")
+        sync_cfg = synchronized_steps_config(profile, repeats, quick)
+        if bar is not None:
+            bar.update(task, description=f"synchronized training steps, 1, {cores} and {2 * cores} processes: "
+                                         f"{', '.join(sync_cfg['nets'])}")
+        synchronized = measure_synchronized_steps(cores, sync_cfg, log_dir / "synchronized")
         prof = None
         if profile_cfg is not None:
             (log_dir / "profile").mkdir(exist_ok=True)
@@ -585,6 +713,7 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
         "compute": compute,
         "link": link,
         "rounds": rounds,
+        "synchronized_steps": synchronized,
     }
     if prof is not None:
         out["profile"] = prof
@@ -693,9 +822,15 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
     comm_cpu, reduce_cpu = comm_cpu_costs(link)
     eff_cores = (comp.get("effective_cores") or {}).get("median")
     capacity = None if not eff_cores else min(float(cores), max(eff_cores, 1e-3))
+    sync = result.get("synchronized_steps") or {}
+    over = None
+    if sync.get("capacity"):  # what distributed steps get: their ranks run in lockstep
+        capacity = min(float(cores), max(sync["capacity"]["median"], 1e-3))
+        # time slicing never gives more than one process per core does (more is noise)
+        over = min(capacity, max(sync["oversubscribed_capacity"]["median"], 1e-3))
     return hardware.ClusterSpec(name=name, nodes=nodes or default_nodes, device=device, nic=nic, shared_cores=cores,
                                 comm_cpu_s_per_byte=comm_cpu, reduce_cpu_s_per_byte=reduce_cpu,
-                                shared_core_capacity=capacity,
+                                shared_core_capacity=capacity, oversubscribed_core_capacity=over,
                                 oversubscribed_wait_s=(result.get("rounds") or {}).get("oversubscribed_wait_s", 0.0))
 
 
@@ -761,6 +896,13 @@ def summary_lines(result: dict) -> list[str]:
             f"{units.format_seconds(row['median'])} with {n} ranks" for n, row in rounds["round_s"].items())
             + f" on {result['machine']['cores']} cores: oversubscribed_wait_s "
               f"{units.format_seconds(rounds['oversubscribed_wait_s'])}")
+    sync = result.get("synchronized_steps") or {}
+    if sync.get("capacity"):
+        lines.append(f"training steps in lockstep (a barrier each), against one process alone: {sync['cores']} processes "
+                     f"{f(sync['capacity'], lambda v: f'{v:.2f}')} cores' worth, {2 * sync['cores']} processes "
+                     f"{f(sync['oversubscribed_capacity'], lambda v: f'{v:.2f}')} (" + ", ".join(
+                         f"{k} {v['capacity']['median']:.2f}/{v['oversubscribed_capacity']['median']:.2f}"
+                         for k, v in sync["per_net"].items()) + ")")
     if result.get("profile"):
         p = result["profile"]
         lines.append(f"profiled {len(p['layers'])} distinct layers of {', '.join(p['nets'])} at batch "
@@ -1363,11 +1505,12 @@ def _main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m layerplan.calibrate", description="a calibration benchmark process")
-    ap.add_argument("kind", choices=("compute", "link", "profile", "rounds"))
+    ap.add_argument("kind", choices=("compute", "link", "profile", "rounds", "steps"))
     ap.add_argument("--config", required=True)
     args = ap.parse_args(argv)
     cfg = json.loads(args.config)
-    {"compute": _compute_worker, "link": _link_worker, "profile": _profile_worker, "rounds": _rounds_worker}[args.kind](cfg)
+    {"compute": _compute_worker, "link": _link_worker, "profile": _profile_worker, "rounds": _rounds_worker,
+     "steps": _steps_worker}[args.kind](cfg)
     return 0
 
 

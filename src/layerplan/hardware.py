@@ -201,10 +201,19 @@ class ClusterSpec:
     from the loopback all-reduce. 0: not modelled."""
     shared_core_capacity: float | None = None
     """With shared_cores: how many cores' worth of compute they give with every core busy. Cores
-    share memory bandwidth and caches, so two busy cores do less than twice one core's work;
-    ``layerplan calibrate`` measures it (the FLOP/s of one process per core at once over one
-    process alone: ``effective_cores``). A task alone still runs at full speed; ``a`` tasks at once
-    each get min(1, capacity / a). None: shared_cores (no contention)."""
+    share memory bandwidth and caches, so two busy cores do less than twice one core's work, and
+    ranks in lockstep go at the pace of the least free core; ``layerplan calibrate`` measures it
+    (training steps of one process per core with a barrier after each, against one process alone;
+    without that measurement, the FLOP/s of one process per core at once over one process alone:
+    ``effective_cores``). A task alone still runs at full speed; ``a`` tasks at once each get
+    min(1, capacity / a). None: shared_cores (no contention)."""
+    oversubscribed_core_capacity: float | None = None
+    """With shared_cores: how many cores' worth of compute they give while more compute threads
+    run than there are cores. The kernel time-slices them, and each switch finds the caches full
+    of another process's data: 4 training processes on 2 cores here took 1.04-1.08× twice the time
+    of 2 (alexnet_cifar, vgg16_cifar, resnet_cifar at batch 16). ``layerplan calibrate`` times
+    whole training steps in lockstep with two processes per core against one alone. None:
+    shared_core_capacity."""
     oversubscribed_wait_s: float = 0.0
     """With shared_cores: seconds each collective round and each message waits, beyond the link's
     latency, when a step's ranks outnumber the cores — the rank a message goes to may be off its
@@ -226,6 +235,11 @@ class ClusterSpec:
                                 or not math.isfinite(cap) or not 0 < cap <= self.shared_cores):
             raise SpecError(f"cluster {self.name!r}: shared_core_capacity must be a number in (0, shared_cores] "
                             f"with shared_cores set, got {cap!r}")
+        over = self.oversubscribed_core_capacity
+        if over is not None and (self.shared_cores is None or not isinstance(over, (int, float)) or isinstance(over, bool)
+                                 or not math.isfinite(over) or not 0 < over <= self.shared_cores):
+            raise SpecError(f"cluster {self.name!r}: oversubscribed_core_capacity must be a number in (0, shared_cores] "
+                            f"with shared_cores set, got {over!r}")
         for f in ("comm_cpu_s_per_byte", "reduce_cpu_s_per_byte", "oversubscribed_wait_s"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
@@ -246,6 +260,7 @@ class ClusterSpec:
             "comm_cpu_s_per_byte": self.comm_cpu_s_per_byte,
             "reduce_cpu_s_per_byte": self.reduce_cpu_s_per_byte,
             "shared_core_capacity": self.shared_core_capacity,
+            "oversubscribed_core_capacity": self.oversubscribed_core_capacity,
             "oversubscribed_wait_s": self.oversubscribed_wait_s,
         }
 

@@ -168,6 +168,8 @@ def print_cluster(c) -> None:
     t.add_row("shared cores", "no (each node its own)" if c.shared_cores is None else
               f"all nodes share {c.shared_cores}" + ("" if c.shared_core_capacity is None else
                                                      f" ({c.shared_core_capacity:.2f} cores' worth with all busy)")
+              + ("" if c.oversubscribed_core_capacity is None else
+                 f"; {c.oversubscribed_core_capacity:.2f} with more compute threads than cores")
               + ("" if not c.oversubscribed_wait_s else
                  f"; with more ranks than cores each ring round or message waits "
                  f"{units.format_seconds(c.oversubscribed_wait_s)} more"))

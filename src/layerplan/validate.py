@@ -316,11 +316,15 @@ def calibrated_for(emu, calibrated: hardware.ClusterSpec) -> hardware.ClusterSpe
     efficiency/latency."""
     base = emu.cluster_spec(device=calibrated.device)
     cap = calibrated.shared_core_capacity
-    if cap is not None and calibrated.shared_cores:  # the same share of the cores
-        cap = min(base.shared_cores, cap * base.shared_cores / calibrated.shared_cores)
+    over = calibrated.oversubscribed_core_capacity
+    if calibrated.shared_cores:  # the same share of the cores
+        if cap is not None:
+            cap = min(base.shared_cores, cap * base.shared_cores / calibrated.shared_cores)
+        if over is not None:
+            over = min(base.shared_cores, over * base.shared_cores / calibrated.shared_cores)
     base = replace(base, comm_cpu_s_per_byte=calibrated.comm_cpu_s_per_byte,
                    reduce_cpu_s_per_byte=calibrated.reduce_cpu_s_per_byte, shared_core_capacity=cap,
-                   oversubscribed_wait_s=calibrated.oversubscribed_wait_s)
+                   oversubscribed_core_capacity=over, oversubscribed_wait_s=calibrated.oversubscribed_wait_s)
     if not calibrated.name.startswith("emulated"):  # a local calibration knows loopback, not these links
         return base
     nic = replace(base.nic, efficiency=calibrated.nic.efficiency, latency_s=calibrated.nic.latency_s)

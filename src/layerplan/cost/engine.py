@@ -25,7 +25,9 @@ workers is four tasks, not a million flows.
   and ``reduce_cpu_s_per_byte`` on half of an all-reduce's bytes (the reduction), drawn from the
   same shared cores — on an emulated cluster at 10 Gbit/s, TCP and gloo's copies and reductions
   take cores away from compute. With more nodes in the step than shared cores, every collective
-  round and every message also waits ``oversubscribed_wait_s`` (its receiver may be off its core).
+  round and every message also waits ``oversubscribed_wait_s`` (its receiver may be off its core),
+  and while more compute threads run than there are cores, the cores give
+  ``oversubscribed_core_capacity`` (time slicing: each switch refills the caches).
 - ``Transfer(src, dst, bytes_per_flow, pattern)``: a class of flows between two groups.
   ``messages · latency_s`` pass before the bytes move. Patterns, with n_s / n_d nodes:
 
@@ -462,6 +464,8 @@ class _Resources:
                 self.both[g] = self._add(f"{g} NIC both ways", 2.0 * d * bw, j)
         cores = cluster.shared_core_capacity or cluster.shared_cores  # contention: busy cores give less
         self.cores = None if cluster.shared_cores is None else self._add("shared cores", float(cores), -1)
+        over = cluster.oversubscribed_core_capacity
+        self.oversubscribed_cores = None if self.cores is None or over is None else float(over)
         sw = cluster.switch_bandwidth_bytes_per_s
         self.switch = None if sw is None else self._add("switch", float(sw), -1)
 
@@ -699,10 +703,23 @@ def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = No
                 begin(a, fresh)
             indices = fresh
 
+    # More compute threads than shared cores: the cores give oversubscribed_core_capacity instead
+    over_caps = over_full = None
+    if res.oversubscribed_cores is not None:
+        over_caps = list(res.caps)
+        over_caps[res.cores] = res.oversubscribed_cores
+        over_full = [c * (1 - 1e-9) for c in over_caps]
+    caps_now, full_now = res.caps, full
+
     launch(ready)
     while running or latent:
         if running:
-            _max_min_rates(running, res.caps)
+            caps_now, full_now = res.caps, full
+            if over_caps is not None:
+                threads = sum(c for a in running if not a.network for r, c in a.coefs if r == res.cores)
+                if threads > cluster.shared_cores + 1e-9:
+                    caps_now, full_now = over_caps, over_full
+            _max_min_rates(running, caps_now)
         t_next = latent[0][0] if latent else math.inf
         for a in running:
             t = now + a.remaining / a.rate if a.rate > 0 else math.inf
@@ -720,7 +737,7 @@ def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = No
                     usage[r] = usage.get(r, 0.0) + c * a.rate
                 if a.nic_group >= 0 and a.rate >= a.cap * (1 - 1e-9):
                     busy_nics.add(a.nic_group)
-            sat = [r for r, u in usage.items() if u >= full[r]]
+            sat = [r for r, u in usage.items() if u >= full_now[r]]
             for r in sat:
                 if nic_of[r] >= 0:
                     busy_nics.add(nic_of[r])
