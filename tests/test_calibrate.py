@@ -228,6 +228,16 @@ def test_training_steps_alone_in_lockstep_and_two_per_core_are_timed(tmp_path):
     assert calibrate.measure_synchronized_steps(16, cfg, tmp_path) == {}  # many cores: not measured
 
 
+def test_the_lower_of_two_whole_pass_timings_is_kept_per_batch():
+    """Per batch, the timing whose forward + backward is lower, its forward and backward together."""
+    a = {"net": "x", "phase": "net", "counts": {"k": 1}, "batches": [16, 64], "fwd_s": [1.0, 4.0], "bwd_s": [2.0, 8.0]}
+    b = {**a, "fwd_s": [1.2, 3.0], "bwd_s": [1.0, 10.0]}  # batch 16: 2.2 < 3; batch 64: 13 > 12
+    out = calibrate.lower_passes(a, b)
+    assert out["fwd_s"] == [1.2, 4.0] and out["bwd_s"] == [1.0, 8.0]
+    assert out["net"] == "x" and out["counts"] == {"k": 1} and out["batches"] == [16, 64]
+    assert a["fwd_s"] == [1.0, 4.0]  # the inputs are left as they were
+
+
 def test_fit_line_is_exact_on_a_line_and_never_negative():
     assert calibrate.fit_line([16, 64], [0.002 + 16e-4, 0.002 + 64e-4]) == pytest.approx((0.002, 1e-4))
     assert calibrate.fit_line([8, 16, 32], [3e-3, 3e-3, 3e-3]) == pytest.approx((3e-3, 0.0), abs=1e-12)
