@@ -492,6 +492,21 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
             "oversubscribed_capacity": spread([v for vs in overs.values() for v in vs])}
 
 
+def _training_step(module, params, x, y):
+    """One training step as validate's runs take it — zero_grad, cross-entropy forward, backward,
+    SGD with momentum — as a callable (torch imported by the caller's process)."""
+    import torch
+
+    opt = torch.optim.SGD(params, lr=1e-6, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(module(x), y).backward()
+        opt.step()
+
+    return step
+
+
 def _steps_worker(cfg: dict) -> None:
     from datetime import timedelta
 
@@ -511,13 +526,7 @@ def _steps_worker(cfg: dict) -> None:
     x = torch.randn(cfg["batch"], *shape[-3:])
     out = model(x)
     y = torch.randint(0, out.shape[-1], (cfg["batch"],))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-
+    step = _training_step(model, list(model.parameters()), x, y)
     step()  # warm-up: allocator, kernels
     t0 = time.perf_counter()
     step()
@@ -1298,7 +1307,6 @@ def _profile_worker(cfg: dict) -> None:
                 params = [p for p in module.parameters() if p.requires_grad]
                 whole = {"net": net_name, "phase": phase, "counts": per, "batches": [], "fwd_s": [], "bwd_s": []}
                 if phase == "net":  # what the step adds to the passes, less the update the model charges
-                    opt = torch.optim.SGD(params, lr=1e-6, momentum=0.9)
                     whole["update_s"] = _flat_update_s(sum(p.numel() for p in params))
                 for b in cfg["batches"]:
                     x = torch.randn(b, *in_shape, requires_grad=input_grad)
@@ -1314,12 +1322,7 @@ def _profile_worker(cfg: dict) -> None:
                     def fwd_bwd():
                         torch.autograd.grad(module(x), inputs, g)
 
-                    def train_step():
-                        opt.zero_grad(set_to_none=True)
-                        torch.nn.functional.cross_entropy(module(x), y).backward()
-                        opt.step()
-
-                    step = train_step if phase == "net" else fwd_bwd
+                    step = _training_step(module, params, x, y) if phase == "net" else fwd_bwd
                     step()
                     t_fwd = typical(fwd)
                     t_all = typical(step) - whole.get("update_s", 0.0)

@@ -133,9 +133,9 @@ def _tc(ns: str, dev: str, rate_bytes_per_s: float) -> None:
     the acknowledgements first, every mix of 1–3 streams each way took 1.00–1.03× at 100 Mbit/s,
     and 1.01–1.05× at 1 Gbit/s but for one stream each way (1.27× there, where gloo's two-host
     all-reduce, ``measure_duplex``, reads 1.00), as on a real host, whose default queue (fq_codel)
-    serves a sparse acknowledgement flow ahead of bulk ones. tbf's child is htb used only for its strict priority (its classes' rates are above the
-    link's, tbf shapes); a u32 filter picks the acknowledgements (fq_codel itself is not in every
-    kernel: not in this one)."""
+    serves a sparse acknowledgement flow ahead of bulk ones. tbf's child is htb, used only for its
+    strict priority (its classes' rates are above the link's: tbf shapes); a u32 filter picks the
+    acknowledgements (fq_codel itself is not in every kernel: not in this one)."""
     burst = burst_bytes(rate_bytes_per_s)
     rate_bit = int(rate_bytes_per_s * 8)
     tc = ("netns", "exec", ns, "tc")
