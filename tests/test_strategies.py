@@ -365,3 +365,30 @@ def test_stanza_overlapped_allreduce_hides_backward_and_moves_the_same_bytes():
     assert after.step_time_s - during.step_time_s <= t_bwd * (1 + 1e-9)
     assert during.total_bytes == pytest.approx(after.total_bytes)
     assert during.payload_sent_per_node == pytest.approx(after.payload_sent_per_node)
+
+
+def test_hybrid_partitioned_block_takes_its_slice_of_the_whole_layer():
+    """A partitioned fc layer holds 1/n_f of the weights and computes its features for the global
+    batch: 1/n_f of the whole layer's time for G samples — with a profile's fixed (per-weights) term,
+    not the whole layer's time for G/n_f samples. A replicated one runs the whole layer for its G/n_f."""
+    from layerplan.cost import compute
+
+    net, n_c, n_f, b = net_fc_heavy(), 2, 2, 8
+    f1 = net.layer("f1")
+    prof = hardware.ProfiledLayer(key=compute.profile_key(f1, net.layer("flat").out_bytes), fwd_fixed_s=0.01,
+                                  fwd_per_sample_s=0.001, bwd_fixed_s=0.03, bwd_per_sample_s=0.002)
+    c = ideal(4)
+    c = replace(c, device=replace(c.device, profiled_layers=(prof,)))
+    s = strategies.get("hybrid")
+    layers = [f1, net.layer("r1")]
+    g = n_c * b
+
+    def took(pred, name):
+        return next(e.end_s - e.start_s for e in pred.timeline if e.name == name and e.group == "fc")
+
+    part = strategies.predict(net, c, "hybrid", s.Config(conv_workers=n_c, fc_workers=n_f), b)
+    assert took(part, "fwd_f1") == pytest.approx(fwd_s(net, layers, c, g) / n_f)
+    assert took(part, "bwd_f1") == pytest.approx(bwd_s(net, layers, c, g) / n_f)
+    assert fwd_s(net, layers, c, g) / n_f < fwd_s(net, layers, c, g // n_f)  # the fixed term is split too
+    repl = strategies.predict(net, c, "hybrid", s.Config(conv_workers=n_c, fc_workers=n_f, replicate=("f1",)), b)
+    assert took(repl, "fwd_f1") == pytest.approx(fwd_s(net, layers, c, g // n_f))
