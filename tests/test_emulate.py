@@ -115,3 +115,13 @@ def test_the_link_measured_one_way_and_both_ways_at_once():
     assert m["bytes"] == pytest.approx(0.2 * emu.rate_bytes_per_s, rel=0.01)
     for k in ("p2p_s", "allreduce_s"):  # the shaped link bounds both: S bytes each way, the tbf burst aside,
         assert m[k] > (m["bytes"] - emulate.burst_bytes(emu.rate_bytes_per_s)) / emu.rate_bytes_per_s  # at line rate
+
+
+@needs_root
+@pytest.mark.dist
+def test_flows_leaving_one_host_together_are_timed():
+    with emulate.running(3, "1Gbit", "t-lead") as emu:
+        m = emulate.measure_flow_lead(emu, sizes=(1_000_000,), repeats=2)
+    assert m["receivers"] == 2 and m["sizes_bytes"] == [1_000_000] and len(m["first_over_last"][0]) == 2
+    assert all(0 < f <= 1 for f in m["first_over_last"][0])  # the first in is never after the last
+    assert 0 <= m["flow_lead_bytes"] <= 1_000_000 * (2 / 3) ** 2

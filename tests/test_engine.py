@@ -586,3 +586,17 @@ def test_groups_report_as_one_role():
     assert not merged.bottleneck.startswith(("w0 ", "w1 "))
     with pytest.raises(ConfigError, match="not a group"):
         StepGraph(groups={"w0": 1}, samples_per_step=1, tasks=tasks[:1], report_as={"x": "worker"})
+
+
+def test_a_flows_share_weighs_it_against_the_others():
+    # two flows of 100 MB from one node at 100 MB/s, shares 2 and 1: the first gets 2/3 of the NIC
+    # until it finishes (1.5 s), the second the rest, then the whole NIC (2 s in all)
+    g = StepGraph(groups={"src": 1, "a": 1, "b": 1}, samples_per_step=1, tasks=(
+        Transfer(name="lead", src="src", dst="a", bytes_per_flow=100e6, pattern="spread", share=2.0),
+        Transfer(name="rest", src="src", dst="b", bytes_per_flow=100e6, pattern="spread"),
+    ))
+    ends = {e.name: e.end_s for e in simulate(g, cluster(bandwidth=100e6)).timeline}
+    assert ends["lead"] == pytest.approx(1.5) and ends["rest"] == pytest.approx(2.0)
+    for bad in (0.0, -1.0, math.inf, True, "2"):
+        with pytest.raises(ConfigError, match="share"):
+            Transfer(name="x", src="src", dst="a", bytes_per_flow=1.0, pattern="spread", share=bad)

@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 
@@ -86,3 +87,42 @@ def test_update_bandwidth_by_size_and_the_update_time_it_gives():
     for bad in ([[0, 1e9]], [[1e6, -1]], [["x", 1]], [[1e6]]):
         with pytest.raises(SpecError, match="update_bandwidth"):
             replace(dev, update_bandwidth=bad)
+
+
+def test_the_leading_flows_share_fades_with_the_flows_size():
+    from layerplan.hardware import LinkSpec
+
+    even = LinkSpec(name="l", bandwidth_bytes_per_s=1e9)
+    assert even.lead_share(1e6) == 1.0
+    link = LinkSpec(name="l", bandwidth_bytes_per_s=1e9, flow_lead_bytes=150e3)
+    s = 1.1e6  # 4 flows of 1.1 MB from one host on the emulated link: the first done at ~0.7 of the fair time
+    w = link.lead_share(s)
+    assert w == pytest.approx(s / (s - math.sqrt(150e3 * s)))
+    assert 0.6 < (w + 3) / (4 * w) < 0.8  # the first of 4 flows' finish over the fair time
+    assert 1.0 < link.lead_share(60e6) < 1.06  # long flows share evenly (60 MB: the first at 0.95)
+    assert link.lead_share(1e3) == pytest.approx(3.0)  # the lead is at most two thirds of the flow
+    assert link.lead_share(0.0) == 1.0
+    for bad in (-1.0, math.nan, True):
+        with pytest.raises(SpecError, match="flow_lead_bytes"):
+            LinkSpec(name="l", bandwidth_bytes_per_s=1e9, flow_lead_bytes=bad)
+
+
+def test_a_measured_first_flows_finish_gives_back_the_flow_lead():
+    """fit_flow_lead_bytes inverts lead_share: 4 flows simulated with the leader's share finish
+    first at f of the last's time, and f gives back the link's flow_lead_bytes."""
+    from layerplan.cost.engine import StepGraph, Transfer, simulate
+    from layerplan.hardware import LinkSpec, fit_flow_lead_bytes
+
+    for lead_bytes, s in ((150e3, 1.1e6), (150e3, 4.4e6), (400e3, 2e6)):
+        nic = LinkSpec(name="l", bandwidth_bytes_per_s=100e6, latency_s=0.0, flow_lead_bytes=lead_bytes)
+        c = hardware.ClusterSpec(name="c", nodes=5, device=hardware.DEVICES["cpu-core"], nic=nic)
+        tasks = [Transfer(name=f"f{i}", src="src", dst=f"d{i}", bytes_per_flow=s, pattern="spread",
+                          share=nic.lead_share(s) if i == 0 else 1.0) for i in range(4)]
+        ends = sorted(e.end_s for e in simulate(StepGraph(groups={"src": 1, **{f"d{i}": 1 for i in range(4)}},
+                                                          samples_per_step=1, tasks=tuple(tasks)), c).timeline)
+        assert fit_flow_lead_bytes(4, s, ends[0] / ends[-1]) == pytest.approx(lead_bytes, rel=1e-6)
+    assert fit_flow_lead_bytes(4, 1e6, 1.0) == 0.0  # even shares: no lead
+    assert fit_flow_lead_bytes(4, 1e6, 0.25) == pytest.approx(1e6 * (2 / 3) ** 2)  # at most two thirds ahead
+    for bad in ((1, 1e6, 0.5), (4, 0.0, 0.5), (4, 1e6, 0.0), (4, 1e6, 1.5)):
+        with pytest.raises(SpecError, match="flow lead"):
+            fit_flow_lead_bytes(*bad)

@@ -367,6 +367,28 @@ def test_stanza_overlapped_allreduce_hides_backward_and_moves_the_same_bytes():
     assert during.payload_sent_per_node == pytest.approx(after.payload_sent_per_node)
 
 
+def test_ps_worker_whose_pull_leads_starts_its_next_step_early():
+    """Where TCP gives one of a server's pulls a lead (LinkSpec.flow_lead_bytes), that worker
+    computes and pushes while the others still receive: the step is shorter than with even shares,
+    the bytes are the same, and the workers are still the one role "worker"."""
+    net, b = net_fc_heavy(), 8
+    even = ideal(5)
+    lead = replace(even, nic=replace(even.nic, flow_lead_bytes=150e3))
+    cfg = strategies.get("ps").Config(workers=4, servers=1)
+    p_even = strategies.predict(net, even, "ps", cfg, b)
+    p_lead = strategies.predict(net, lead, "ps", cfg, b)
+    assert p_lead.step_time_s < p_even.step_time_s
+    assert p_lead.groups == {"worker": 4, "server": 1} and set(p_lead.breakdown) == {"worker", "server"}
+    assert p_lead.bytes_sent_per_node == pytest.approx(p_even.bytes_sent_per_node)
+    pulls = [e for e in p_lead.timeline if e.name.startswith("it0/pull@") and e.group == "worker"]
+    assert len(pulls) == 2 and pulls[0].end_s < pulls[1].end_s  # the leading worker's pull ends first
+    # the lead fades with the flow's size: a net of 100x the parameters barely gains
+    big = make_net(chain(("c1", "conv", 30_000, (32, 16, 16), 40_000_000), ("flat", "other", 0, (8192,), 0),
+                         ("f1", "fc", 400_000_000, (4096,), 8_000_000)), name="big")
+    gain = 1 - strategies.predict(big, lead, "ps", cfg, b).step_time_s / strategies.predict(big, even, "ps", cfg, b).step_time_s
+    assert 0 < gain < 0.01
+
+
 def test_hybrid_partitioned_block_takes_its_slice_of_the_whole_layer():
     """A partitioned fc layer holds 1/n_f of the weights and computes its features for the global
     batch: 1/n_f of the whole layer's time for G samples — with a profile's fixed (per-weights) term,

@@ -236,3 +236,18 @@ def test_the_summary_prints_each_rates_link_as_measured():
     validate.print_summary({"summary": validate.summarize(rows), "rows": rows}, Console(file=out, width=200))
     assert "100Mbit link: payload 95.6 Mbit/s (efficiency 0.956), each direction 1.000 of it with both busy, " \
            "4.0 ns of CPU per byte" in out.getvalue()
+
+
+def test_a_rows_measured_flow_lead_enters_its_prediction():
+    # resnet_cifar on 4 ps workers at 1 Gbit/s: 1.1 MB pulls, where TCP's lead lets a worker start early
+    from layerplan.runtime import emulate
+
+    r, emu, cal = _calibrated_row()
+    r = {**r, "model": "resnet_cifar", "strategy": "ps", "run_config": {"workers": 4, "servers": 1}, "workers": 4}
+    emu = type(emu)(name="t", hosts=5, rate_bytes_per_s=emu.rate_bytes_per_s, subnet=1)
+    even = validate.prediction({**r, "link_flow_lead": {"flow_lead_bytes": 0.0}}, emu, cal)
+    lead = validate.prediction({**r, "link_flow_lead": {"flow_lead_bytes": 300e3}}, emu, cal)
+    assert even["link_flow_lead_bytes"] == 0.0 and lead["link_flow_lead_bytes"] == 300e3
+    assert lead["predicted_step_s"] < even["predicted_step_s"]
+    # without a measurement, the emulated link's as measured on this machine
+    assert validate.prediction(r, emu, cal)["link_flow_lead_bytes"] == emulate.FLOW_LEAD_BYTES

@@ -644,6 +644,8 @@ def _link_section(on: str, name: str, cfg: dict, log_dir: Path, advance, ranks: 
         if rate is not None:
             row["efficiency"] = spread([x / rate for x in bus])
         out["allreduce"][str(n)] = row
+    if on != "local" and emu.hosts >= 3:  # how the link shares flows that leave one host together
+        out["flow_lead"] = emulate.measure_flow_lead(emu)
     return out
 
 
@@ -811,8 +813,12 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
         # the one-way payload rate is how much of it each direction keeps with both busy
         two = (link.get("allreduce") or {}).get("2")
         duplex = 1.0 if not two else min(1.0, max(0.5, two["bus_bytes_per_s"]["median"] / payload))
+        lead = (link.get("flow_lead") or {}).get("flow_lead_bytes")
+        if lead is None:  # two hosts: no fan-out to measure; the emulated link's, as measured here
+            from layerplan.runtime.emulate import FLOW_LEAD_BYTES as lead
         nic = hardware.LinkSpec(name=f"emulated {units.format_bandwidth(rate)}", bandwidth_bytes_per_s=rate,
                                 latency_s=lat, efficiency=min(1.0, payload / rate), duplex_efficiency=duplex,
+                                flow_lead_bytes=lead,
                                 note=f"calibrated gloo point-to-point and 2-rank all-reduce, {link['where']}")
         name = f"emulated:{result.get('cluster')}"
         default_nodes = None
@@ -899,6 +905,13 @@ def summary_lines(result: dict) -> list[str]:
         extra = f", {row['efficiency']['median']:.3f} of the line rate" if "efficiency" in row else ""
         lines.append(f"all-reduce {units.format_bytes(row['bytes'], binary=True)} on {n} ranks: bus "
                      f"{f(row['bus_bytes_per_s'], units.format_bandwidth)} = {row['vs_p2p']['median']:.2f}× p2p{extra}")
+    lead = ln.get("flow_lead")
+    if lead:
+        firsts = [statistics.median(row) for row in lead["first_over_last"]]
+        lines.append(f"{lead['receivers']} flows leaving one host together: the first in at " + ", ".join(
+            f"{x:.2f}" for x in firsts) + " of the last's time for " + ", ".join(
+            units.format_bytes(s) for s in lead["sizes_bytes"]) + f" each (medians): flow_lead_bytes "
+            f"{units.format_bytes(lead['flow_lead_bytes'])}")
     rounds = result.get("rounds") or {}
     if rounds.get("round_s"):
         lines.append("ring round of a small all-reduce (loopback): " + ", ".join(

@@ -163,7 +163,10 @@ def print_cluster(c) -> None:
                         f"{units.format_flops_rate(d.achieved_flops_per_s)}, {units.format_bytes(d.memory_bytes, binary=True)}, "
                         f"{units.format_bytes(d.mem_bandwidth_bytes_per_s)}/s")
     t.add_row("NIC", f"{n.name}: {units.format_bandwidth(n.bandwidth_bytes_per_s)} × {n.efficiency:.3f} = "
-                     f"{units.format_bandwidth(n.payload_bytes_per_s)} payload, latency {units.format_seconds(n.latency_s)}")
+                     f"{units.format_bandwidth(n.payload_bytes_per_s)} payload, latency {units.format_seconds(n.latency_s)}"
+                     + ("" if n.duplex_efficiency == 1.0 else f"; each direction {n.duplex_efficiency:.3f} of it with both busy")
+                     + ("" if not n.flow_lead_bytes else
+                        f"; of flows leaving a NIC together the first leads by √({units.format_bytes(n.flow_lead_bytes)}·S)"))
     t.add_row("switch", "non-blocking" if c.switch_bandwidth_bytes_per_s is None else units.format_bandwidth(c.switch_bandwidth_bytes_per_s))
     t.add_row("shared cores", "no (each node its own)" if c.shared_cores is None else
               f"all nodes share {c.shared_cores}" + ("" if c.shared_core_capacity is None else

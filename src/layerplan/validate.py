@@ -226,7 +226,8 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     its link's measured CPU cost per byte at its rate (``link_cpu_s_per_byte``, both ends), that
     replaces the calibration's; where it has the link's measured payload rate
     (``link_payload_bytes_per_s``), that over the line rate is the link's efficiency; where it has
-    the link measured both ways at once (``link_duplex``), ``duplex_efficiency`` fits it."""
+    the link measured both ways at once (``link_duplex``), ``duplex_efficiency`` fits it; where it
+    has flows from one host measured (``link_flow_lead``), its ``flow_lead_bytes``."""
     from layerplan.runtime.predict import predict_run
     from layerplan.runtime.run_spec import RunSpec
 
@@ -241,6 +242,8 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     if calibrated and row.get("link_duplex"):
         cluster = replace(cluster, nic=replace(cluster.nic, duplex_efficiency=duplex_efficiency(row["link_duplex"],
                                                                                                  cluster)))
+    if calibrated and row.get("link_flow_lead"):  # how the link shares flows that leave a host together
+        cluster = replace(cluster, nic=replace(cluster.nic, flow_lead_bytes=row["link_flow_lead"]["flow_lead_bytes"]))
     pred = predict_run(spec, cluster)
     preset = predict_run(spec, preset_cluster) if calibrated else pred
     meas = row["measured_step_s"]
@@ -253,6 +256,7 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         "efficiency": bound / meas if meas else None,
         "predicted_bytes_per_step": pred["bytes_per_step"]["total"], "bottleneck": pred["bottleneck"],
         "link_efficiency": cluster.nic.efficiency, "link_duplex_efficiency": cluster.nic.duplex_efficiency,
+        "link_flow_lead_bytes": cluster.nic.flow_lead_bytes,
     }
 
 
@@ -493,6 +497,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
         with emulate.running(hosts, rate, EMULATION_NAME) as emu:
             link_cpu, link_rate = measure_link(emu) if track else (None, None)
             duplex = emulate.measure_duplex(emu, seconds=DUPLEX_S, repeats=DUPLEX_REPEATS) if track else None
+            lead = emulate.measure_flow_lead(emu) if track and emu.hosts >= 3 else None
             for c in batch:
                 slow = too_slow(c, emu, calibrated, matrix)
                 if slow:
@@ -509,7 +514,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     row = run_case(c, emu, calibrated, matrix, out_dir / "runs")
                     if track:
                         row.update(speed=probe / speed_reference, probe_flops_per_s=probe, link_cpu_s_per_byte=link_cpu,
-                                   link_payload_bytes_per_s=link_rate, link_duplex=duplex,
+                                   link_payload_bytes_per_s=link_rate, link_duplex=duplex, link_flow_lead=lead,
                                    load_speed=load / load_reference, load_probe_flops_per_s=load)
                     rows.append({**row, **prediction(row, emu, calibrated)})
                 except RunError as e:  # one failed configuration is reported, the matrix goes on
@@ -642,7 +647,9 @@ def print_summary(doc: dict, con=None) -> None:
     for rate, r in links.items():  # what each rate's link measured, as the predictions use it
         con.print(f"  {rate} link: payload {units.format_bandwidth(r['link_payload_bytes_per_s'])} "
                   f"(efficiency {r['link_efficiency']:.3f}), each direction {r['link_duplex_efficiency']:.3f} of it "
-                  f"with both busy, {1e9 * r['link_cpu_s_per_byte']:.1f} ns of CPU per byte")
+                  f"with both busy, {1e9 * r['link_cpu_s_per_byte']:.1f} ns of CPU per byte"
+                  + (f", flows leaving a host together: the first leads by √({r['link_flow_lead_bytes'] / 1e3:.0f} kB·S)"
+                     if r.get("link_flow_lead") else ""))
     for b in s["scenarios"]:
         con.print(f"  {b['model']}, {b['workers']} workers, {b['rate']}: predicted best {b['predicted_best']}, "
                   f"measured best {b['measured_best']} " + ("✓" if b["match"] else

@@ -42,7 +42,8 @@ workers is four tasks, not a million flows.
   ============ ==================================== =========== =========== ==============
 
   Uneven splits (n_s not a multiple of n_d) charge every node the busiest node's flow count: the
-  step waits for the busiest one. Byte totals use the exact flow counts.
+  step waits for the busiest one. Byte totals use the exact flow counts. ``share`` weighs the
+  class's flows against others on the resources they share (weighted max-min; default 1).
 - ``Collective(group, scheme, bytes)``: a ``collectives.SCHEMES`` scheme over the group's nodes,
   run as one coupled flow: ``rounds · latency_s``, then ``critical_bytes`` of progress, during
   which each node's egress carries ``send/critical`` and its ingress ``recv/critical`` bytes per
@@ -163,10 +164,17 @@ class Transfer:
     """Messages per flow on the critical path: ``messages · latency_s`` pass before bytes move."""
     tag: str = "comm"
     queue: str | None = None
+    share: float = 1.0
+    """Each flow's weight where it shares a resource (weighted max-min): a flow of share 2 gets
+    twice the bytes/s of a share-1 flow on a NIC both saturate (``LinkSpec.lead_share``: the TCP
+    flow that leads among flows leaving one NIC together)."""
 
     def __post_init__(self) -> None:
         _deps_tuple(self)
         _finite(self, "bytes_per_flow", self.bytes_per_flow)
+        if (not isinstance(self.share, (int, float)) or isinstance(self.share, bool) or not math.isfinite(self.share)
+                or self.share <= 0):
+            raise ConfigError(f"transfer {self.name!r}: share must be a positive number, got {self.share!r}")
         if self.pattern not in PATTERNS:
             raise ConfigError(f"transfer {self.name!r}: pattern {self.pattern!r} is not one of {', '.join(PATTERNS)}")
         if not isinstance(self.messages, int) or isinstance(self.messages, bool) or self.messages < 0:
@@ -588,6 +596,8 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
             nic_group = res.group_index[t.group]
         # the unit fairness counts rates in: a second of compute per second, a NIC's worth of bytes
         scale = res.caps[res.egress[t.src if isinstance(t, Transfer) else t.group]] if _is_network(t) else 1.0
+        if isinstance(t, Transfer):
+            scale *= t.share  # weighted max-min: its flows get ``share`` times a share-1 flow's rate
         acts.append(_Act(index=i, name=t.name, iteration=its[i], latency=latency, amount=amount, coefs=coefs,
                          queue=t.queue, rows=_groups_of(t), tag=t.tag, sent=sent, recv=recv, payload=payload, links=links,
                          network=_is_network(t), nic_group=nic_group, cap=cap,

@@ -86,9 +86,18 @@ class Emulated:
 
         nic = hardware.LinkSpec(name=f"emulated {units.format_bandwidth(self.rate_bytes_per_s)}",
                                 bandwidth_bytes_per_s=self.rate_bytes_per_s, latency_s=90e-6, efficiency=0.956,
-                                note="tbf-shaped veth on this machine")
+                                flow_lead_bytes=FLOW_LEAD_BYTES, note="tbf-shaped veth on this machine")
         return hardware.ClusterSpec(name=f"emulated:{self.name}", nodes=self.hosts, device=device or hardware.DEVICES["cpu-core"],
                                     nic=nic, shared_cores=shared_cores or os.cpu_count() or 1)
+
+
+FLOW_LEAD_BYTES = 150e3
+"""``LinkSpec.flow_lead_bytes`` of the emulated link: 4 gloo sends of S bytes from one host at once,
+the first done at 0.58 / 0.67 / 0.83 / 0.94 / 0.95 (1 Gbit/s, medians of 8) and 0.61 / 0.72 / 0.66 /
+0.94 (100 Mbit/s, of 5) of the fair time for S = 0.27 / 1.1 / 4.4 / 17 / 60 MB: leads of 0.15-4 MB,
+≈ √(150 kB · S). What the ps and RALP schedules use where a link's own was not measured; one
+``measure_flow_lead`` each (1 and 4 MB, 4 receivers, 5 repeats) read 103 kB at 1 Gbit/s, 291 kB at
+100 Mbit/s and 585 kB at 10 Gbit/s."""
 
 
 def burst_bytes(rate_bytes_per_s: float) -> int:
@@ -407,6 +416,59 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
         raise EmulationError(f"link duplex measurement failed: {err[-200:] or 'no output'}")
     p2p, allreduce = json.loads(outs[0][0].strip().splitlines()[-1])
     return {"bytes": float(size), "p2p_s": p2p, "allreduce_s": allreduce}
+
+
+FLOW_LEAD_PORT = 29557
+
+
+def measure_flow_lead(emu: Emulated, sizes: Sequence[int] = (1_000_000, 4_000_000), repeats: int = 5) -> dict:
+    """How unevenly TCP shares a host's link among flows that leave it together: host 0 sends S
+    bytes to each of hosts 1..n at once (n = up to 4, gloo isends, as a parameter server's pulls go)
+    and each receiver notes when its message is in; per size and repeat, the first's time over the
+    last's (the last ends when all n·S bytes have crossed). ``flow_lead_bytes`` is the median of
+    ``hardware.fit_flow_lead_bytes`` over them. Returns {"receivers", "sizes_bytes",
+    "first_over_last" (per size, per repeat), "flow_lead_bytes"}."""
+    import statistics
+    import sys
+
+    from layerplan import hardware
+
+    if emu.hosts < 3:
+        raise EmulationError("measuring how flows share a link needs at least 3 hosts (one sender, two receivers)")
+    world = min(emu.hosts, 5)
+    sizes = [int(x) // 4 * 4 for x in sizes]
+    code = ("import datetime,json,time,torch,torch.distributed as dist\n"
+            "torch.set_num_threads(1);dist.init_process_group('gloo',timeout=datetime.timedelta(seconds=120))\n"
+            f"r=dist.get_rank();W={world};out=[]\n"
+            f"for S in {sizes!r}:\n"
+            " buf=torch.zeros(S//4);row=[]\n"
+            f" for k in range({repeats} + 1):\n"  # the first round opens the pairs: not counted
+            "  dist.barrier();t0=torch.tensor([time.monotonic()],dtype=torch.float64);dist.broadcast(t0,0)\n"
+            "  if r==0:\n   [w.wait() for w in [dist.isend(buf,d) for d in range(1,W)]];mine=torch.zeros(1,dtype=torch.float64)\n"
+            "  else:\n   dist.recv(buf,0);mine=torch.tensor([time.monotonic()-t0.item()],dtype=torch.float64)\n"
+            "  got=[torch.zeros(1,dtype=torch.float64) for _ in range(W)];dist.all_gather(got,mine)\n"
+            "  d=sorted(g.item() for g in got[1:])\n"
+            "  if k: row.append(d[0]/d[-1])\n"
+            " out.append(row)\n"
+            "if r==0: print(json.dumps(out),flush=True)\n"
+            "dist.barrier();dist.destroy_process_group()\n")
+    procs = [subprocess.Popen([*emu.exec_prefix(i), sys.executable, "-c", code], text=True,
+                              env={**os.environ, **host_env(emu, i, world, port=FLOW_LEAD_PORT)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(world)]
+    wire_s = (world - 1) * sum(sizes) * (repeats + 1) / emu.rate_bytes_per_s
+    try:
+        outs = [p.communicate(timeout=120 + 4 * wire_s) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise EmulationError("flow sharing measurement timed out") from None
+    if any(p.returncode for p in procs) or not outs[0][0].strip():
+        err = " ".join(o[1].strip().splitlines()[-1] for o in outs if o[1].strip())
+        raise EmulationError(f"flow sharing measurement failed: {err[-200:] or 'no output'}")
+    fractions = json.loads(outs[0][0].strip().splitlines()[-1])
+    fits = [hardware.fit_flow_lead_bytes(world - 1, s, min(1.0, max(f, 1e-6))) for s, row in zip(sizes, fractions) for f in row]
+    return {"receivers": world - 1, "sizes_bytes": sizes, "first_over_last": fractions,
+            "flow_lead_bytes": statistics.median(fits)}
 
 
 def _busy_share(window_s: float) -> float:

@@ -104,6 +104,11 @@ class Strategy(ABC):
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
+LEAD_ROUNDS = 4
+"""Steps a schedule simulates where one worker runs ahead of the others — the one whose pull led
+(``LinkSpec.flow_lead_bytes``): the step time is the mean over the last two (engine.simulate)."""
+
+
 def require_nodes(name: str, needed: int, cluster: ClusterSpec, what: str) -> None:
     if needed > cluster.nodes:
         raise ConfigError(f"{name}: {what} need {needed} nodes, the cluster has {cluster.nodes}")

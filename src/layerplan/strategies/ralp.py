@@ -18,7 +18,7 @@ from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
 from layerplan.plan import ralp as profiler
-from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
+from layerplan.strategies.base import LEAD_ROUNDS, Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
 
 
 WAVES = 8
@@ -124,10 +124,15 @@ class Ralp(Strategy):
         waves = [n_w // min(n_w, WAVES) + (j < n_w % min(n_w, WAVES)) for j in range(min(n_w, WAVES))]
         names = [f"worker{j}" for j in range(len(waves))]
         t_fwd, t_bwd = fwd_s(net, head, cluster, batch), bwd_s(net, head, cluster, batch)
+        # The PS worker's pulls leave its NIC together, the first worker's first: where TCP gives that
+        # flow a lead (LinkSpec.flow_lead_bytes), the first worker served starts its next step early,
+        # which shows over LEAD_ROUNDS steps.
+        lead = cluster.nic.lead_share(p_head) if len(names) > 1 and waves[0] == 1 else 1.0
+        prev = lead != 1.0
         tasks = []
         for j, w in enumerate(names):
             tasks += [
-                Compute(name=f"head_fwd@{w}", group=w, seconds=t_fwd),
+                Compute(name=f"head_fwd@{w}", group=w, seconds=t_fwd, deps=(f"prev/pull_head@{w}",) if prev else ()),
                 Transfer(name=f"activations@{w}", src=w, dst="ps", bytes_per_flow=act, pattern="spread",
                          deps=(f"head_fwd@{w}",)),
                 Compute(name=f"tail_fwd_bwd@{w}", group="ps", seconds=waves[j] * t_tail,
@@ -142,7 +147,7 @@ class Ralp(Strategy):
                              seconds=update_s(p_head, cluster, gradients_summed=n_w) + update_s(p_tail, cluster),
                              deps=(f"tail_fwd_bwd@{names[-1]}",) + tuple(f"push_head@{w}" for w in names)))
         tasks += [Transfer(name=f"pull_head@{w}", src="ps", dst=w, bytes_per_flow=p_head, pattern="broadcast",
-                           deps=("update",)) for w in names]
+                           deps=("update",), share=lead if j == 0 else 1.0) for j, w in enumerate(names)]
         groups = dict(zip(names, waves)) | {"ps": 1}
-        return StepGraph(groups=groups, tasks=tuple(tasks), samples_per_step=n_w * batch,
+        return StepGraph(groups=groups, tasks=tuple(tasks), samples_per_step=n_w * batch, iterations=LEAD_ROUNDS if prev else 1,
                          report_as=dict.fromkeys(names, "worker"))
