@@ -347,3 +347,16 @@ def test_speed_probe_on_one_thread_and_on_loaded_cores():
     two = calibrate.speed_probe(window_s=0.05, threads=2)
     assert one > 0 and two > 0 and math.isfinite(one) and math.isfinite(two)
     assert torch.get_num_threads() == threads  # restored
+
+
+def test_an_emulated_calibration_keeps_the_links_measured_flow_lead():
+    from layerplan.runtime import emulate
+
+    r = fake_result("emulated")
+    assert calibrate.to_cluster(r).nic.flow_lead_bytes == emulate.FLOW_LEAD_BYTES  # 2 hosts: nothing to fan out to
+    assert calibrate.to_cluster(fake_result("local"), nodes=2).nic.flow_lead_bytes == 0.0  # loopback: none
+    r["link"]["flow_lead"] = {"receivers": 3, "sizes_bytes": [1_000_000, 4_000_000],
+                              "first_over_last": [[0.7, 0.6, 0.8], [0.9, 0.85, 0.88]], "flow_lead_bytes": 210e3}
+    assert calibrate.to_cluster(r).nic.flow_lead_bytes == 210e3
+    assert "3 flows leaving one host together: the first in at 0.70, 0.88 of the last's time for 1 MB, 4 MB each " \
+           "(medians): flow_lead_bytes 210 kB" in calibrate.summary_lines(r)
