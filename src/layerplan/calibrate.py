@@ -439,7 +439,7 @@ SYNC_MIN_STEPS = 6
 
 def synchronized_steps_config(nets: Sequence[str] = (), repeats: int = 3, quick: bool = False) -> dict:
     """What ``measure_synchronized_steps`` runs: nets, batch, the shortest window, repeats."""
-    return {"nets": list(nets or SYNC_NETS), "batch": 16, "repeats": 1 if quick else min(repeats, 2),
+    return {"nets": list(nets or SYNC_NETS), "batch": 16, "repeats": 2 if quick else max(2, min(repeats, 3)),
             "window_s": 1.5 if quick else 2.5, "timeout_s": WORKER_TIMEOUT_S}
 
 
@@ -447,7 +447,10 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
     """Training steps of each net (batch 16, one thread per process): one process alone, then
     one process per core with a barrier after every step, then two per core with a barrier after
     every step — the way every distributed step of the emulated cluster runs, its ranks in
-    lockstep. Per repeat and net: ``capacity`` = cores · alone / synchronized step, and
+    lockstep — then one alone again; two repeats. Per repeat and net, with "alone" the mean of the
+    two alone (this machine's pace drifts by several percent over a minute, and one validate's
+    quick calibration, one repeat with alone timed first, read 1.84 of 2 cores where the previous
+    read 1.77, its runs then predicted 4% fast): ``capacity`` = cores · alone / synchronized step, and
     ``oversubscribed_capacity`` = 2·cores · alone / oversubscribed step, in cores' worth
     (``ClusterSpec.shared_core_capacity`` and ``oversubscribed_core_capacity``).
 
@@ -475,11 +478,12 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
             window_s = max(cfg["window_s"], SYNC_MIN_STEPS * 2 * step_s)
             for _ in range(cfg["repeats"]):
                 got = {}
-                for k in (1, cores, n):
-                    procs.send(f"go {window_s} {k}", range(k))
-                    got[k] = statistics.fmean(r["step_s"] for r in procs.expect("steps", range(k)).values())
-                caps.setdefault(net, []).append(cores * got[1] / got[cores])
-                overs.setdefault(net, []).append(n * got[1] / got[n])
+                for k in (1, cores, n, 0):  # 0: alone again, after
+                    procs.send(f"go {window_s} {max(k, 1)}", range(max(k, 1)))
+                    got[k] = statistics.fmean(r["step_s"] for r in procs.expect("steps", range(max(k, 1))).values())
+                alone = (got[1] + got[0]) / 2  # the machine's pace drifts: alone around the synchronized runs
+                caps.setdefault(net, []).append(cores * alone / got[cores])
+                overs.setdefault(net, []).append(n * alone / got[n])
             procs.send("stop")
             procs.expect("done", n)
         finally:

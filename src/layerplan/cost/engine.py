@@ -68,7 +68,8 @@ a class puts on one node's NIC is its per-flow rate × its flows per node. Rates
 each activity's unit — a second of compute per second, a NIC's bandwidth of bytes per second — since
 the shared cores serve compute tasks and the CPU side of transfers at once: a gloo thread gets the
 CPU its bytes need, as a waking thread does under Linux's scheduler, until it needs as large a
-share as a compute thread. Among flows this is byte-wise max-min. Event-driven: at each
+share as a compute thread. Among flows this is byte-wise max-min, each flow weighted by its
+``share`` (TCP's uneven split among short flows leaving one NIC: ``LinkSpec.lead_share``). Event-driven: at each
 start or finish the rates are recomputed and time advances to the next finish. Overlap of
 communication and computation happens wherever the deps allow it; strategies express a runtime's
 real overlap (or the papers' lack of it) through deps.
@@ -617,8 +618,8 @@ def _max_min_rates(running: list[_Act], caps: list[float]) -> None:
     saturates, freeze the activities using it, repeat. Units, because one resource serves
     activities of different kinds — the shared cores run compute (seconds of work per second) and
     the CPU side of transfers (bytes per second): equal raw rates would freeze a transfer at a
-    compute task's ~1 byte/s. Every flow has the same unit (the NIC's bandwidth), so among
-    transfers this is byte-wise max-min, flow by flow."""
+    compute task's ~1 byte/s. Every flow has the same unit (the NIC's bandwidth) times its
+    ``Transfer.share``, so among transfers this is byte-wise max-min, flow by flow, weighted by share."""
     residual = list(caps)
     unfrozen = running
     while unfrozen:
