@@ -388,7 +388,6 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
     Split in four launched at once, as DDP's buckets go, the same bytes took 1.09–1.14×, more than
     DDP's steps lost (4–7% against the model's full duplex): fitted to it, the model over-corrected
     them by as much. Returns {"bytes", "p2p_s", "allreduce_s"}."""
-    import sys
 
     if emu.hosts < 2:
         raise EmulationError("measuring a link needs at least 2 hosts")
@@ -402,19 +401,8 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
             f"for _ in range({repeats}): p.append(timed(one));a.append(timed(lambda: dist.all_reduce(t)))\n"
             "print(json.dumps([statistics.median(p),statistics.median(a)]),flush=True)\n"
             "dist.barrier();dist.destroy_process_group()\n")  # else gloo's threads may abort the exit
-    procs = [subprocess.Popen([*emu.exec_prefix(i), sys.executable, "-c", code], text=True,
-                              env={**os.environ, **host_env(emu, i, 2, port=DUPLEX_PORT)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
-    try:
-        outs = [p.communicate(timeout=120 + 4 * repeats * size / emu.rate_bytes_per_s) for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise EmulationError("link duplex measurement timed out") from None
-    if any(p.returncode for p in procs) or not outs[0][0].strip():
-        err = " ".join(o[1].strip().splitlines()[-1] for o in outs if o[1].strip())
-        raise EmulationError(f"link duplex measurement failed: {err[-200:] or 'no output'}")
-    p2p, allreduce = json.loads(outs[0][0].strip().splitlines()[-1])
+    p2p, allreduce = _rank0_json(emu, code, 2, DUPLEX_PORT, 120 + 4 * repeats * size / emu.rate_bytes_per_s,
+                                 "link duplex measurement")
     return {"bytes": float(size), "p2p_s": p2p, "allreduce_s": allreduce}
 
 
@@ -429,7 +417,6 @@ def measure_flow_lead(emu: Emulated, sizes: Sequence[int] = (1_000_000, 4_000_00
     ``hardware.fit_flow_lead_bytes`` over them. Returns {"receivers", "sizes_bytes",
     "first_over_last" (per size, per repeat), "flow_lead_bytes"}."""
     import statistics
-    import sys
 
     from layerplan import hardware
 
@@ -452,23 +439,31 @@ def measure_flow_lead(emu: Emulated, sizes: Sequence[int] = (1_000_000, 4_000_00
             " out.append(row)\n"
             "if r==0: print(json.dumps(out),flush=True)\n"
             "dist.barrier();dist.destroy_process_group()\n")
-    procs = [subprocess.Popen([*emu.exec_prefix(i), sys.executable, "-c", code], text=True,
-                              env={**os.environ, **host_env(emu, i, world, port=FLOW_LEAD_PORT)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(world)]
     wire_s = (world - 1) * sum(sizes) * (repeats + 1) / emu.rate_bytes_per_s
-    try:
-        outs = [p.communicate(timeout=120 + 4 * wire_s) for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise EmulationError("flow sharing measurement timed out") from None
-    if any(p.returncode for p in procs) or not outs[0][0].strip():
-        err = " ".join(o[1].strip().splitlines()[-1] for o in outs if o[1].strip())
-        raise EmulationError(f"flow sharing measurement failed: {err[-200:] or 'no output'}")
-    fractions = json.loads(outs[0][0].strip().splitlines()[-1])
+    fractions = _rank0_json(emu, code, world, FLOW_LEAD_PORT, 120 + 4 * wire_s, "flow sharing measurement")
     fits = [hardware.fit_flow_lead_bytes(world - 1, s, min(1.0, max(f, 1e-6))) for s, row in zip(sizes, fractions) for f in row]
     return {"receivers": world - 1, "sizes_bytes": sizes, "first_over_last": fractions,
             "flow_lead_bytes": statistics.median(fits)}
+
+
+def _rank0_json(emu: Emulated, code: str, world: int, port: int, timeout_s: float, what: str):
+    """Run ``python -c code`` as ranks 0..world−1, one per host, and return what rank 0 printed last
+    (JSON); a clear EmulationError naming ``what`` when it times out or fails."""
+    import sys
+
+    procs = [subprocess.Popen([*emu.exec_prefix(i), sys.executable, "-c", code], text=True,
+                              env={**os.environ, **host_env(emu, i, world, port=port)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(world)]
+    try:
+        outs = [p.communicate(timeout=timeout_s) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise EmulationError(f"{what} timed out") from None
+    if any(p.returncode for p in procs) or not outs[0][0].strip():
+        err = " ".join(o[1].strip().splitlines()[-1] for o in outs if o[1].strip())
+        raise EmulationError(f"{what} failed: {err[-200:] or 'no output'}")
+    return json.loads(outs[0][0].strip().splitlines()[-1])
 
 
 def _busy_share(window_s: float) -> float:
