@@ -388,7 +388,6 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
     Split in four launched at once, as DDP's buckets go, the same bytes took 1.09–1.14×, more than
     DDP's steps lost (4–7% against the model's full duplex): fitted to it, the model over-corrected
     them by as much. Returns {"bytes", "p2p_s", "allreduce_s"}."""
-
     if emu.hosts < 2:
         raise EmulationError("measuring a link needs at least 2 hosts")
     size = int(min(256 * 2**20, max(2**20, emu.rate_bytes_per_s * seconds))) // 4 * 4
