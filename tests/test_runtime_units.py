@@ -195,9 +195,10 @@ def test_staleness_summary_and_async_losses():
 
 
 def test_groups_step_time_is_the_round_time_of_their_throughput():
-    """Asynchronous groups: each group's mean iteration (its slowest machine per step) after the two
-    warm-up steps, combined as throughputs — not the median of the slowest rank's steps, which
-    would take the slower of two out-of-phase groups every step."""
+    """Asynchronous groups: each group's mean iteration (the mean of its machines' walls) after the
+    two warm-up steps, combined as throughputs — not the median of the slowest rank's steps, which
+    would take the slower of two out-of-phase groups every step, nor a group's slowest machine per
+    step, which takes the long side of its machines' jitter."""
     s = spec(strategy="groups", config={"machines": 4, "groups": 2}, batch_size=2)
     assert s.warmup_steps == 2 and spec(config={"workers": 2}).warmup_steps == 1
 
@@ -206,17 +207,18 @@ def test_groups_step_time_is_the_round_time_of_their_throughput():
             {"step": i, "wall_s": w, "compute_s": 0.0, "comm_s": w, "sent_bytes": 1, "recv_bytes": 1, "loss": None}
             for i, w in enumerate(walls)]}
 
-    # group 0 (ranks 0, 1) alternates 1 s / 3 s, group 1 (ranks 2, 3) 3 s / 1 s; the servers' steps are
-    # whatever arrivals came next (left out); the first two steps are warm-up
-    frags = [frag(0, "conv_machine", [9, 9, 1, 3, 1, 3]), frag(1, "conv_machine", [9, 9, 1, 2, 1, 2]),
-             frag(2, "conv_machine", [9, 9, 3, 1, 3, 1]), frag(3, "conv_machine", [9, 9, 2, 1, 2, 1]),
+    # group 0 (ranks 0, 1): its machines' step ends jitter out of phase (1 s / 3 s, 2 s a step each);
+    # group 1 (ranks 2, 3) alternates 3 s / 1 s in phase; the servers' steps are whatever arrivals came
+    # next (left out); the first two steps are warm-up
+    frags = [frag(0, "conv_machine", [9, 9, 1, 3, 1, 3]), frag(1, "conv_machine", [9, 9, 3, 1, 3, 1]),
+             frag(2, "conv_machine", [9, 9, 3, 1, 3, 1]), frag(3, "conv_machine", [9, 9, 3, 1, 3, 1]),
              frag(4, "fc_server", [9, 9, 5, 5, 5, 5]), frag(5, "conv_model_server", [9, 9, 5, 5, 5, 5])]
     m = summarize(frags, s, layout(s), 6, 8)
     assert m["step_time_s"] == pytest.approx(2.0)  # both groups: 2 s per iteration on average
     assert m["throughput_samples_per_s"] == pytest.approx(4.0)
-    frags[2] = frag(2, "conv_machine", [9, 9, 4, 4, 4, 4])  # group 1 at 4 s: 1/(½·(1/2 + 1/4)) s per round
+    frags[2] = frags[3] = frag(2, "conv_machine", [9, 9, 4, 4, 4, 4])  # group 1 at 4 s: 1/(½·(1/2 + 1/4)) s a round
     assert summarize(frags, s, layout(s), 6, 8)["step_time_s"] == pytest.approx(1 / (0.5 * (1 / 2 + 1 / 4)))
-    assert m["step_times_s"][2] == 5  # the per-step record is still the slowest rank's
+    assert m["step_times_s"][2] == pytest.approx((1 + 3 + 3 + 3 + 5 + 5) / 6)  # the per-step record: every rank's mean
 
 
 def test_predict_merges_the_engines_groups_into_conv_machines():
@@ -375,9 +377,12 @@ def test_summarize_medians_roles_and_losses():
             {"step": i, "wall_s": w, "compute_s": w / 2, "comm_s": w / 4, "sent_bytes": sent, "recv_bytes": sent,
              "loss": loss} for i, w in enumerate(walls)]}
 
-    m = summarize([frag(2, "server", 200, None, [9, 1, 2, 3]), frag(0, "worker", 100, 0.5, [9, 1, 1, 1]),
-                   frag(1, "worker", 100, 0.25, [9, 1, 1, 1])], s, roles, 3, 64)
+    # the workers' step ends jitter out of phase (1 s / 3 s): a step is the ranks' mean wall (2 s), not
+    # the slowest rank's 3 s
+    m = summarize([frag(2, "server", 200, None, [9, 2, 2, 2]), frag(0, "worker", 100, 0.5, [9, 1, 3, 1]),
+                   frag(1, "worker", 100, 0.25, [9, 3, 1, 1])], s, roles, 3, 64)
     assert m["step_time_s"] == 2 and m["throughput_samples_per_s"] == 32
+    assert m["step_times_s"] == pytest.approx([9, 2, 2, 4 / 3])
     assert m["loss"] == [0.75] * 4
     assert m["bytes_per_step"]["per_role"] == {"worker": 100, "server": 200}
     assert m["bytes_per_step"]["total"] == 400

@@ -252,6 +252,13 @@ def down(name: str = "default") -> int:
         if ns.startswith(f"{PREFIX}-{name}-"):
             _ip("netns", "del", ns, check=False)
             removed += 1
+    for _ in range(20):  # a deletion that failed (a killed process still exiting in it) is tried again
+        left = [ns for ns in namespaces() if ns.startswith(f"{PREFIX}-{name}-")]
+        if not left:
+            break
+        time.sleep(0.1)
+        for ns in left:
+            _ip("netns", "del", ns, check=False)
     try:
         _state_file(name).unlink()
     except FileNotFoundError:

@@ -15,13 +15,23 @@ Bytes-counting rule (what the roles are *asked* to move, not TCP wire bytes):
 The Measurement (a plain dict, the schema of the cost engine's Prediction.to_dict where they
 overlap): strategy, model, config, world_size, nodes, roles {rank: kind}, batch_size,
 global_batch, steps (run in this process: [first, last]), warmup_steps, step_time_s (median over
-the steps after warm-up of the slowest rank's step wall time; asynchronous compute groups: the round
+the steps after warm-up of the ranks' mean step wall time; asynchronous compute groups: the round
 time their measured throughput gives, ``_group_round_s``), throughput_samples_per_s,
 bytes_per_step {total, per_role {kind: sent bytes per rank per step}, per_rank [...]},
 breakdown {kind: {compute_s, comm_s}} (per step, median after warm-up, mean over the ranks of the
-kind), bottleneck (the kind with the largest compute time), loss [per step], step_times_s,
+kind), bottleneck (the kind with the largest compute time), loss [per step], step_times_s (the
+ranks' mean wall of each step),
 checkpoint_bytes_sent; plus whatever a role adds to ``Meter.extra`` (groups: ``staleness`` and
 ``group_updates``, see ``roles/groups.py``).
+
+Why the ranks' mean and not the slowest rank's wall: each rank's step ends at its own point of the
+cycle (a worker when its push is in the kernel's buffers, the server when its last pull went out),
+and that point moves from step to step with how the flows sharing a link happen to finish. Every
+rank's walls add up to the same elapsed time, so each rank's mean is the period; the slowest rank
+of each step is not — it takes the long side of every rank's jitter. Traced on the emulated cluster
+(alexnet_cifar, Omnivore's 4 machines in one group, 100 Mbit/s): the 4 machines' pushes completed
+1.1 s apart from one round to the next, the per-step maximum read 7.69 s a round where every
+machine's own walls averaged 6.5–6.9 s.
 
 Asynchronous roles (Omnivore's groups) keep the step loop: a step is one round (each group one
 iteration; a server's step serves the next g arrivals). A server whose records do not line up
@@ -125,12 +135,12 @@ def _median(xs: list[float]) -> float:
 
 def _group_round_s(fragments: list[dict[str, Any]], roles: dict, measured: set[int]) -> float | None:
     """Asynchronous compute groups (roles with a ``group``): the round time their throughput gives.
-    Group j's iteration time w_j is the mean over the measured steps of its slowest machine's step
-    wall; the groups together process N·B samples in g / Σ_j 1/w_j seconds (the harmonic mean of
-    the w_j; = w when they are equal). The per-step maximum over every rank, right for synchronous
-    steps, is not a throughput here: each step takes the slowest of g out-of-phase iterations
-    (+17% on vgg16_cifar with 4 groups), and a server's step serves whichever arrivals come next.
-    None when no rank belongs to a group."""
+    Group j's iteration time w_j is the mean over the measured steps of its machines' step walls
+    (their mean: see the module docstring); the groups together process N·B samples in
+    g / Σ_j 1/w_j seconds (the harmonic mean of the w_j; = w when they are equal). Every rank's
+    steps are not one period here: the g groups run out of phase (the per-step maximum over every
+    rank read +17% on vgg16_cifar with 4 groups), and a server's step serves whichever arrivals come
+    next. None when no rank belongs to a group."""
     members: dict[int, list[dict]] = {}
     for f in fragments:
         role = roles.get(f["rank"])
@@ -140,14 +150,10 @@ def _group_round_s(fragments: list[dict[str, Any]], roles: dict, measured: set[i
         return None
     inverse = 0.0
     for frags in members.values():
-        per_step: dict[int, float] = {}
-        for f in frags:
-            for r in f["records"]:
-                if r["step"] in measured:
-                    per_step[r["step"]] = max(per_step.get(r["step"], 0.0), r["wall_s"])
-        if not per_step:
+        walls = [r["wall_s"] for f in frags for r in f["records"] if r["step"] in measured]
+        if not walls:
             return None
-        w = statistics.fmean(per_step.values())
+        w = statistics.fmean(walls)
         if w <= 0:
             return None
         inverse += 1.0 / w
@@ -163,8 +169,8 @@ def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, gl
     for f in fragments:
         for r in f["records"]:
             by_step[r["step"]].append(r)
-    step_times = [max(r["wall_s"] for r in by_step[s]) for s in steps]
-    step_time = _median([max(r["wall_s"] for r in by_step[s]) for s in measured])
+    step_times = [statistics.fmean(r["wall_s"] for r in by_step[s]) for s in steps]
+    step_time = _median([statistics.fmean(r["wall_s"] for r in by_step[s]) for s in measured])
     rounds = _group_round_s(fragments, roles, set(measured))
     if rounds is not None:
         step_time = rounds
