@@ -66,9 +66,12 @@ device, NIC egress, NIC ingress, the shared core pool and the switch (when
 ``switch_bandwidth_bytes_per_s`` is set) — computed over task classes with multiplicities: the load
 a class puts on one node's NIC is its per-flow rate × its flows per node. Rates are compared in
 each activity's unit — a second of compute per second, a NIC's bandwidth of bytes per second — since
-the shared cores serve compute tasks and the CPU side of transfers at once: a gloo thread gets the
-CPU its bytes need, as a waking thread does under Linux's scheduler, until it needs as large a
-share as a compute thread. Among flows this is byte-wise max-min, each flow weighted by its
+the shared cores serve compute tasks and the CPU side of transfers at once. When compute saturates
+the cores, a transfer with a CPU cost freezes at the compute threads' level in its own unit (that
+fraction of its NIC rate), however little CPU it uses: Linux would give a waking gloo thread the
+CPU its bytes need. Known to overstate overlapped transfers on full cores (vgg16_cifar stanza, 4
+workers, 1 Gbit/s: 1.178 s a step, 1.021 s with the all-reduce left out of the cores' sharing,
+1.060 s measured). Among flows this is byte-wise max-min, each flow weighted by its
 ``share`` (TCP's uneven split among short flows leaving one NIC: ``LinkSpec.lead_share``). Event-driven: at each
 start or finish the rates are recomputed and time advances to the next finish. Overlap of
 communication and computation happens wherever the deps allow it; strategies express a runtime's
@@ -626,7 +629,8 @@ def _max_min_rates(running: list[_Act], caps: list[float]) -> None:
     saturates, freeze the activities using it, repeat. Units, because one resource serves
     activities of different kinds — the shared cores run compute (seconds of work per second) and
     the CPU side of transfers (bytes per second): equal raw rates would freeze a transfer at a
-    compute task's ~1 byte/s. Every flow has the same unit (the NIC's bandwidth) times its
+    compute task's ~1 byte/s (and equal levels throttle a transfer on saturated cores to the
+    compute threads' fraction of its NIC rate: see the module docstring). Every flow has the same unit (the NIC's bandwidth) times its
     ``Transfer.share``, so among transfers this is byte-wise max-min, flow by flow, weighted by share."""
     residual = list(caps)
     unfrozen = running

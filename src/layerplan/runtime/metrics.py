@@ -169,8 +169,9 @@ def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, gl
     for f in fragments:
         for r in f["records"]:
             by_step[r["step"]].append(r)
-    step_times = [statistics.fmean(r["wall_s"] for r in by_step[s]) for s in steps]
-    step_time = _median([statistics.fmean(r["wall_s"] for r in by_step[s]) for s in measured])
+    mean_wall = {s: statistics.fmean(r["wall_s"] for r in by_step[s]) for s in steps}
+    step_times = [mean_wall[s] for s in steps]
+    step_time = _median([mean_wall[s] for s in measured])
     rounds = _group_round_s(fragments, roles, set(measured))
     if rounds is not None:
         step_time = rounds
