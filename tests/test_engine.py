@@ -547,10 +547,13 @@ def test_graph_errors():
 
 def test_a_collective_is_not_starved_by_compute_on_the_shared_cores():
     # 2 nodes on 2 shared cores: a 1 s compute keeps both busy; a 100 MB ring all-reduce at 1 GB/s
-    # needs 0.4 cores (2 ends × 1e-10 s/byte on 2S bytes per S of progress). Rates are fair in their
-    # own units (compute: 1 = a core; bytes: 1 = the NIC), so the cores split 2 : 0.4 at the same
-    # share f = 2 / 2.4: the all-reduce ends at 0.1 / f = 0.12 s, the compute at 0.12 + 0.9 = 1.02 s.
-    # (Fair in raw rates, the collective would get ~1 byte/s until the compute ends: 1.1 s.)
+    # needs 0.4 cores (2 ends × 1e-10 s/byte on 2S bytes per S of progress), 0.2 for each node's
+    # thread. The cores are shared as CFS shares them: each of the 4 threads gets what it needs up
+    # to an equal share, so the all-reduce's threads get their 0.2 and the compute threads share the
+    # other 1.6. The all-reduce runs at the NIC's rate (0.1 s); the compute does 0.08 s of work in
+    # that time and ends at 0.1 + 0.92 = 1.02 s.
+    # (Fair in raw rates, the collective would get ~1 byte/s until the compute ends: 1.1 s; fair in
+    # each activity's own unit, it would stop at the compute threads' fraction of the NIC: 0.12 s.)
     c = replace(cluster(bandwidth=1e9, nodes=2, shared_cores=2), comm_cpu_s_per_byte=1e-10)
     g = StepGraph(groups={"w": 2}, samples_per_step=2, tasks=(
         Compute(name="c", group="w", seconds=1.0),
@@ -558,8 +561,42 @@ def test_a_collective_is_not_starved_by_compute_on_the_shared_cores():
     ))
     pred = simulate(g, c)
     ends = {e.name: e.end_s for e in pred.timeline}
-    assert ends["ar"] == pytest.approx(0.12)
+    assert ends["ar"] == pytest.approx(0.1)
     assert ends["c"] == pytest.approx(1.02)
+
+
+def test_a_collective_that_needs_more_than_its_threads_share_of_the_cores_gets_that_share():
+    # The same, at 1e-9 s/byte: the all-reduce would need 4 cores at the NIC's rate, 2 per thread.
+    # CFS gives each of the 4 threads 0.5 of a core: the all-reduce gets 1 core, a quarter of its
+    # NIC rate (0.4 s); the compute threads get 0.5 each, do 0.2 s of work by then and end at 1.2 s.
+    c = replace(cluster(bandwidth=1e9, nodes=2, shared_cores=2), comm_cpu_s_per_byte=1e-9)
+    g = StepGraph(groups={"w": 2}, samples_per_step=2, tasks=(
+        Compute(name="c", group="w", seconds=1.0),
+        Collective(name="ar", group="w", scheme="ring", bytes=100e6),
+    ))
+    pred = simulate(g, c)
+    ends = {e.name: e.end_s for e in pred.timeline}
+    assert ends["ar"] == pytest.approx(0.4)
+    assert ends["c"] == pytest.approx(1.2)
+
+
+def test_transfers_share_the_nic_bytewise_when_the_cores_cap_them():
+    # Two equal transfers into one node, both capped by their CPU share: they still split evenly,
+    # and a transfer alone with the compute takes the whole of its threads' share.
+    c = replace(cluster(bandwidth=1e9, nodes=3, shared_cores=2), comm_cpu_s_per_byte=1e-9)
+    g = StepGraph(groups={"a": 1, "b": 1, "s": 1}, samples_per_step=1, tasks=(
+        Compute(name="ca", group="a", seconds=1.0),
+        Compute(name="cb", group="b", seconds=1.0),
+        Transfer(name="ta", src="a", dst="s", bytes_per_flow=50e6, pattern="all_to_all"),
+        Transfer(name="tb", src="b", dst="s", bytes_per_flow=50e6, pattern="all_to_all"),
+    ))
+    pred = simulate(g, c)
+    ends = {e.name: e.end_s for e in pred.timeline}
+    assert ends["ta"] == pytest.approx(ends["tb"])
+    assert ends["ca"] == pytest.approx(ends["cb"])
+    # 6 threads on 2 cores: 1/3 each; each transfer's 2 threads buy 2/3 of a core, 1/3 GB/s
+    # (2 ends × 1e-9 s/byte), under the 0.5 GB/s each gets of the server's ingress
+    assert ends["ta"] == pytest.approx(50e6 / (1e9 / 3))
 
 
 def test_groups_report_as_one_role():

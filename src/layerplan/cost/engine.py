@@ -65,13 +65,14 @@ service inside the role that hosts it).
 device, NIC egress, NIC ingress, the shared core pool and the switch (when
 ``switch_bandwidth_bytes_per_s`` is set) — computed over task classes with multiplicities: the load
 a class puts on one node's NIC is its per-flow rate × its flows per node. Rates are compared in
-each activity's unit — a second of compute per second, a NIC's bandwidth of bytes per second — since
-the shared cores serve compute tasks and the CPU side of transfers at once. When compute saturates
-the cores, a transfer with a CPU cost freezes at the compute threads' level in its own unit (that
-fraction of its NIC rate), however little CPU it uses: Linux would give a waking gloo thread the
-CPU its bytes need. Known to overstate overlapped transfers on full cores (vgg16_cifar stanza, 4
-workers, 1 Gbit/s: 1.178 s a step, 1.021 s with the all-reduce left out of the cores' sharing,
-1.060 s measured). Among flows this is byte-wise max-min, each flow weighted by its
+each activity's unit — a second of compute per second, a NIC's bandwidth of bytes per second. The
+shared cores, which serve compute and the CPU side of transfers at once, are shared as Linux's CFS
+shares them: per thread, each getting what it needs up to an equal share. A gloo thread that needs
+0.06 of a core for its bytes at 1 Gbit/s gets it, however busy the compute threads keep the cores;
+at 10 Gbit/s, where a flow's threads would need more than their share, they get their share
+(``_max_min_rates``). Measured: vgg16_cifar stanza, 4 workers, 1 Gbit/s, 1.060 s a step; 1.022 s
+predicted this way, 1.178 s when every activity froze at one common level in its own unit (the
+all-reduce held to the compute threads' fraction of its NIC rate). Among flows this is byte-wise max-min, each flow weighted by its
 ``share`` (TCP's uneven split among short flows leaving one NIC: ``LinkSpec.lead_share``). Event-driven: at each
 start or finish the rates are recomputed and time advances to the next finish. Overlap of
 communication and computation happens wherever the deps allow it; strategies express a runtime's
@@ -521,6 +522,9 @@ class _Act:
     scale: float = 1.0
     """Fairness compares rates in units of this: 1 for compute (seconds of work per second), the
     NIC's bandwidth for bytes."""
+    threads: float = 0.0
+    """A network activity's threads on the shared cores (CFS shares the cores by thread): a flow's
+    two ends, a collective's one per node."""
     deps: list[int] = field(default_factory=list)
     dependents: list[int] = field(default_factory=list)
     waiting: int = 0
@@ -543,7 +547,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
     acts: list[_Act] = []
     for i, t in enumerate(tasks):
         coefs: list[tuple[int, float]] = []
-        latency, amount = 0.0, 0.0
+        latency, amount, threads = 0.0, 0.0, 0.0
         sent: dict[str, float] = {}
         recv: dict[str, float] = {}
         payload: dict[str, float] = {}
@@ -567,6 +571,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                         coefs.append((res.switch, float(total_f)))
                     if res.cores is not None and cluster.comm_cpu_s_per_byte > 0:  # both ends' CPU, every flow
                         coefs.append((res.cores, 2.0 * cluster.comm_cpu_s_per_byte * total_f))
+                        threads = 2.0 * total_f
                 total = t.bytes_per_flow * total_f
                 sent[t.src] = total
                 recv[t.dst] = total
@@ -593,6 +598,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                         cpu += cluster.reduce_cpu_s_per_byte * cost.total_bytes / 2.0
                     if cpu > 0:
                         coefs.append((res.cores, cpu / amount))
+                        threads = float(n)
             if n > 1:
                 sent[t.group] = cost.total_bytes
                 recv[t.group] = cost.total_bytes
@@ -612,7 +618,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
             scale *= t.share  # weighted max-min: its flows get ``share`` times a share-1 flow's rate
         acts.append(_Act(index=i, name=t.name, iteration=its[i], latency=latency, amount=amount, coefs=coefs,
                          queue=t.queue, rows=_groups_of(t), tag=t.tag, sent=sent, recv=recv, payload=payload, links=links,
-                         network=_is_network(t), nic_group=nic_group, cap=cap,
+                         network=_is_network(t), nic_group=nic_group, cap=cap, threads=threads,
                          scale=scale if 0 < scale < math.inf else 1.0))
     for a, t in zip(acts, tasks):
         a.deps = [index[d] for d in t.deps]
@@ -623,17 +629,81 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
 
 
 # ---- rates ---------------------------------------------------------------------------------------
-def _max_min_rates(running: list[_Act], caps: list[float]) -> None:
-    """Max-min fair rates by progressive filling, each activity's rate counted in its own unit
-    (``_Act.scale``): raise every unfrozen activity's rate in units together until a resource
-    saturates, freeze the activities using it, repeat. Units, because one resource serves
-    activities of different kinds — the shared cores run compute (seconds of work per second) and
-    the CPU side of transfers (bytes per second): equal raw rates would freeze a transfer at a
-    compute task's ~1 byte/s (and equal levels throttle a transfer on saturated cores to the
-    compute threads' fraction of its NIC rate: see the module docstring). Every flow has the same unit (the NIC's bandwidth) times its
-    ``Transfer.share``, so among transfers this is byte-wise max-min, flow by flow, weighted by share."""
+def _max_min_rates(running: list[_Act], caps: list[float], cores: int | None = None) -> None:
+    """Rates of the running activities: max-min fair on every resource, with the shared cores
+    shared as Linux's CFS shares them.
+
+    Network activities and compute meet on one resource only, the shared cores (compute uses the
+    devices and the cores; transfers and collectives the NICs, the switch and, for their CPU side,
+    the cores). So the rates come in two passes:
+
+    1. Network activities get max-min fair rates among themselves (``_fill``), each within the
+       CPU share CFS gives it: on saturated cores every runnable thread gets an equal share of the
+       cores, and a thread that needs less (a gloo thread whose bytes need 0.06 of a core at
+       1 Gbit/s) gets all it needs while the compute threads share what is left. The share is a
+       water level f over the cores' threads (``_Act.threads``: a compute task's one per node, a
+       flow's two ends, a collective's one per node): each gets min(its demand, f). A network
+       activity whose demand exceeds its share is capped at the rate that share buys, and the
+       network pass runs again (capping one frees NIC bandwidth for the others).
+    2. Compute gets max-min fair rates on what the network left of the cores (and on its devices).
+
+    Without shared cores, or with nothing on them from one side, this is plain progressive filling."""
+    if cores is None:
+        _fill(running, list(caps))
+        return
+    net = [a for a in running if a.network]
+    comp = [a for a in running if not a.network]
+    cpu = {a.index: c for a in net for r, c in a.coefs if r == cores}
+    if not net or not comp or not cpu:
+        _fill(running, list(caps))
+        return
+    # each compute thread's demand: its rate on its device alone (processor sharing of a node's device)
+    unbounded = list(caps)
+    unbounded[cores] = math.inf
+    _fill(comp, unbounded)
+    comp_demands = [(c * a.rate, c) for a in comp for r, c in a.coefs if r == cores]
+    capacity = caps[cores]
+    limit: dict[int, float] = {}
     residual = list(caps)
+    for _ in range(len(net) + 1):
+        residual = list(caps)
+        _fill(net, residual, limit)
+        demands = comp_demands + [(cpu[a.index] * a.rate, a.threads) for a in net if a.index in cpu]
+        share = _water_level(demands, capacity)
+        tighter = False
+        for a in net:
+            c = cpu.get(a.index)
+            if c and c * a.rate > share * a.threads * (1 + 1e-9):
+                limit[a.index] = share * a.threads / c
+                tighter = True
+        if not tighter:
+            break
+    _fill(comp, residual)
+
+
+def _water_level(demands: list[tuple[float, float]], capacity: float) -> float:
+    """CFS's share of ``capacity`` per thread: the level f at which Σ min(demand, f·threads) over
+    the (demand, threads) pairs uses it all (∞ when the demands fit)."""
+    if sum(d for d, _ in demands) <= capacity:
+        return math.inf
+    left, threads = capacity, sum(w for _, w in demands)
+    for d, w in sorted(demands, key=lambda x: x[0] / x[1]):
+        if d / w * threads >= left:  # the rest are all capped at the level
+            return left / threads
+        left -= d
+        threads -= w
+    return math.inf
+
+
+def _fill(running: list[_Act], residual: list[float], limit: Mapping[int, float] | None = None) -> None:
+    """Max-min fair rates by progressive filling of ``residual`` (used up in place), each
+    activity's rate counted in its own unit (``_Act.scale``) and at most its ``cap`` (and its
+    ``limit``): raise every unfrozen activity's rate in units together until a resource
+    saturates, freeze the activities using it, repeat. Every flow has the same unit (the NIC's
+    bandwidth) times its ``Transfer.share``, so among transfers this is byte-wise max-min, flow by
+    flow, weighted by share; compute counts seconds of work per second."""
     unfrozen = running
+    caps = {a.index: min(a.cap, limit.get(a.index, math.inf)) if limit else a.cap for a in running}
     while unfrozen:
         load: dict[int, float] = {}
         for a in unfrozen:
@@ -645,15 +715,15 @@ def _max_min_rates(running: list[_Act], caps: list[float]) -> None:
             if t < level:
                 level = t
         for a in unfrozen:
-            if a.cap / a.scale < level:
-                level = a.cap / a.scale
+            if caps[a.index] / a.scale < level:
+                level = caps[a.index] / a.scale
         if level < 0:
             level = 0.0
         cut = level * (1 + 1e-9) + 1e-300
         saturated = {r for r, ld in load.items() if residual[r] / ld <= cut}
         still = []
         for a in unfrozen:
-            if a.cap / a.scale <= cut or any(r in saturated for r, _ in a.coefs):
+            if caps[a.index] / a.scale <= cut or any(r in saturated for r, _ in a.coefs):
                 a.rate = level * a.scale
                 for r, c in a.coefs:
                     residual[r] -= c * a.rate
@@ -742,7 +812,7 @@ def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = No
                 threads = sum(c for a in running if not a.network for r, c in a.coefs if r == res.cores)
                 if threads > cluster.shared_cores + 1e-9:
                     caps_now, full_now = over_caps, over_full
-            _max_min_rates(running, caps_now)
+            _max_min_rates(running, caps_now, res.cores)
         t_next = latent[0][0] if latent else math.inf
         for a in running:
             t = now + a.remaining / a.rate if a.rate > 0 else math.inf
