@@ -545,39 +545,30 @@ def test_graph_errors():
         simulate(flat, cluster(), iterations=4)
 
 
-def test_a_collective_is_not_starved_by_compute_on_the_shared_cores():
+@pytest.mark.parametrize("cpu_s_per_byte, ar_end_s, compute_end_s", [
     # 2 nodes on 2 shared cores: a 1 s compute keeps both busy; a 100 MB ring all-reduce at 1 GB/s
     # needs 0.4 cores (2 ends × 1e-10 s/byte on 2S bytes per S of progress), 0.2 for each node's
     # thread. The cores are shared as CFS shares them: each of the 4 threads gets what it needs up
     # to an equal share, so the all-reduce's threads get their 0.2 and the compute threads share the
     # other 1.6. The all-reduce runs at the NIC's rate (0.1 s); the compute does 0.08 s of work in
-    # that time and ends at 0.1 + 0.92 = 1.02 s.
-    # (Fair in raw rates, the collective would get ~1 byte/s until the compute ends: 1.1 s; fair in
-    # each activity's own unit, it would stop at the compute threads' fraction of the NIC: 0.12 s.)
-    c = replace(cluster(bandwidth=1e9, nodes=2, shared_cores=2), comm_cpu_s_per_byte=1e-10)
+    # that time and ends at 0.1 + 0.92 = 1.02 s. (Fair in raw rates, the collective would get ~1
+    # byte/s until the compute ends: 1.1 s; fair in each activity's own unit, it would stop at the
+    # compute threads' fraction of the NIC: 0.12 s.)
+    (1e-10, 0.1, 1.02),
+    # At 1e-9 s/byte the all-reduce would need 4 cores at the NIC's rate, 2 per thread. CFS gives
+    # each of the 4 threads 0.5 of a core: the all-reduce gets 1 core, a quarter of its NIC rate
+    # (0.4 s); the compute threads get 0.5 each, do 0.2 s of work by then and end at 1.2 s.
+    (1e-9, 0.4, 1.2),
+])
+def test_a_collective_gets_its_threads_cpu_share_of_busy_shared_cores(cpu_s_per_byte, ar_end_s, compute_end_s):
+    c = replace(cluster(bandwidth=1e9, nodes=2, shared_cores=2), comm_cpu_s_per_byte=cpu_s_per_byte)
     g = StepGraph(groups={"w": 2}, samples_per_step=2, tasks=(
         Compute(name="c", group="w", seconds=1.0),
         Collective(name="ar", group="w", scheme="ring", bytes=100e6),
     ))
-    pred = simulate(g, c)
-    ends = {e.name: e.end_s for e in pred.timeline}
-    assert ends["ar"] == pytest.approx(0.1)
-    assert ends["c"] == pytest.approx(1.02)
-
-
-def test_a_collective_that_needs_more_than_its_threads_share_of_the_cores_gets_that_share():
-    # The same, at 1e-9 s/byte: the all-reduce would need 4 cores at the NIC's rate, 2 per thread.
-    # CFS gives each of the 4 threads 0.5 of a core: the all-reduce gets 1 core, a quarter of its
-    # NIC rate (0.4 s); the compute threads get 0.5 each, do 0.2 s of work by then and end at 1.2 s.
-    c = replace(cluster(bandwidth=1e9, nodes=2, shared_cores=2), comm_cpu_s_per_byte=1e-9)
-    g = StepGraph(groups={"w": 2}, samples_per_step=2, tasks=(
-        Compute(name="c", group="w", seconds=1.0),
-        Collective(name="ar", group="w", scheme="ring", bytes=100e6),
-    ))
-    pred = simulate(g, c)
-    ends = {e.name: e.end_s for e in pred.timeline}
-    assert ends["ar"] == pytest.approx(0.4)
-    assert ends["c"] == pytest.approx(1.2)
+    ends = {e.name: e.end_s for e in simulate(g, c).timeline}
+    assert ends["ar"] == pytest.approx(ar_end_s)
+    assert ends["c"] == pytest.approx(compute_end_s)
 
 
 def test_transfers_share_the_nic_bytewise_when_the_cores_cap_them():
