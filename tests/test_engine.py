@@ -572,8 +572,8 @@ def test_a_collective_gets_its_threads_cpu_share_of_busy_shared_cores(cpu_s_per_
 
 
 def test_transfers_share_the_nic_bytewise_when_the_cores_cap_them():
-    # Two equal transfers into one node, both capped by their CPU share: they still split evenly,
-    # and a transfer alone with the compute takes the whole of its threads' share.
+    # Two equal transfers into one node, both capped by their threads' CPU share: they still split
+    # the server's ingress evenly, and the two compute threads beside them stay equal too.
     c = replace(cluster(bandwidth=1e9, nodes=3, shared_cores=2), comm_cpu_s_per_byte=1e-9)
     g = StepGraph(groups={"a": 1, "b": 1, "s": 1}, samples_per_step=1, tasks=(
         Compute(name="ca", group="a", seconds=1.0),

@@ -72,11 +72,11 @@ shares them: per thread, each getting what it needs up to an equal share. A gloo
 at 10 Gbit/s, where a flow's threads would need more than their share, they get their share
 (``_max_min_rates``). Measured: vgg16_cifar stanza, 4 workers, 1 Gbit/s, 1.060 s a step; 1.022 s
 predicted this way, 1.178 s when every activity froze at one common level in its own unit (the
-all-reduce held to the compute threads' fraction of its NIC rate). Among flows this is byte-wise max-min, each flow weighted by its
-``share`` (TCP's uneven split among short flows leaving one NIC: ``LinkSpec.lead_share``). Event-driven: at each
-start or finish the rates are recomputed and time advances to the next finish. Overlap of
-communication and computation happens wherever the deps allow it; strategies express a runtime's
-real overlap (or the papers' lack of it) through deps.
+all-reduce held to the compute threads' fraction of its NIC rate). Among flows this is byte-wise
+max-min, each flow weighted by its ``share`` (TCP's uneven split among short flows leaving one NIC:
+``LinkSpec.lead_share``). Event-driven: at each start or finish the rates are recomputed and time
+advances to the next finish. Overlap of communication and computation happens wherever the deps
+allow it; strategies express a runtime's real overlap (or the papers' lack of it) through deps.
 
 **Iterations and steady state.** ``simulate(graph, cluster, iterations=k)`` unrolls k iterations:
 
@@ -664,8 +664,7 @@ def _max_min_rates(running: list[_Act], caps: list[float], cores: int | None = N
     comp_demands = [(c * a.rate, c) for a in comp for r, c in a.coefs if r == cores]
     capacity = caps[cores]
     limit: dict[int, float] = {}
-    residual = list(caps)
-    for _ in range(len(net) + 1):
+    for _ in range(len(net) + 1):  # each round caps at least one more activity, or stops
         residual = list(caps)
         _fill(net, residual, limit)
         demands = comp_demands + [(cpu[a.index] * a.rate, a.threads) for a in net if a.index in cpu]
