@@ -111,8 +111,10 @@ def fake_result(on="emulated", eff=0.62, payload=119.5e6):
                                      **({"efficiency": s([0.944])} if on == "emulated" else {})}}},
         "rounds": {"bytes": 4096, "round_s": {"2": s([0.15e-3]), "4": s([0.75e-3])}, "oversubscribed_wait_s": 0.6e-3},
         "synchronized_steps": {"processes": [1, 2, 4], "cores": 2, "batch": 16,
-                               "per_net": {"resnet_cifar": {"capacity": s([1.8, 1.82]), "oversubscribed_capacity": s([1.7])}},
-                               "capacity": s([1.8, 1.82]), "oversubscribed_capacity": s([1.7])},
+                               "per_net": {"resnet_cifar": {"capacity": s([1.8, 1.82]), "oversubscribed_capacity": s([1.7]),
+                                                            "collective_wait_s": s([1.1e-3, 0.9e-3])}},
+                               "capacity": s([1.8, 1.82]), "oversubscribed_capacity": s([1.7]),
+                               "collective_wait_s": s([1.1e-3, 0.9e-3])},
     }
 
 
@@ -130,6 +132,7 @@ def test_cluster_file_round_trips_through_the_loader_and_the_cli(tmp_path, capsy
     assert spec.oversubscribed_wait_s == pytest.approx(0.6e-3)
     assert spec.shared_core_capacity == pytest.approx(1.81)  # the cores' worth of steps in lockstep
     assert spec.oversubscribed_core_capacity == pytest.approx(1.7)
+    assert spec.collective_wait_s == pytest.approx(1e-3)  # one more collective a step in lockstep
     assert spec.device.update_bandwidth == ((2**20, 25e9), (2**27, 16e9))
     if on == "emulated":
         assert spec.nic.bandwidth_bytes_per_s == 125e6 and spec.nic.efficiency == pytest.approx(0.956, rel=1e-3)
@@ -208,12 +211,16 @@ def test_steps_in_lockstep_give_the_shared_core_capacities():
     r = fake_result("local")
     r["synchronized_steps"]["oversubscribed_capacity"] = calibrate.spread([1.95])
     assert calibrate.to_cluster(r).oversubscribed_core_capacity == pytest.approx(1.81)
+    r["synchronized_steps"]["collective_wait_s"] = calibrate.spread([-0.2e-3, -0.1e-3])  # noise below 0: none
+    assert calibrate.to_cluster(r).collective_wait_s == 0.0
     del r["synchronized_steps"]
     spec = calibrate.to_cluster(r)
     assert spec.shared_core_capacity == pytest.approx(1.9) and spec.oversubscribed_core_capacity is None
+    assert spec.collective_wait_s == 0.0
     assert not any("lockstep" in line for line in calibrate.summary_lines(r))
     assert any("lockstep" in line and "2 processes 1.81" in line and "4 processes 1.70" in line
                for line in calibrate.summary_lines(fake_result()))
+    assert any("collective_wait_s" in line and "1 ms" in line for line in calibrate.summary_lines(fake_result()))
 
 
 @pytest.mark.slow
@@ -225,6 +232,9 @@ def test_training_steps_alone_in_lockstep_and_two_per_core_are_timed(tmp_path):
     assert out["processes"] == [1, 2, 4] and set(out["per_net"]) == {"resnet_cifar"}
     for k in ("capacity", "oversubscribed_capacity"):
         assert len(out[k]["values"]) == cfg["repeats"] and all(0 < v < 4 for v in out[k]["values"])
+    # one more small all-reduce a step: a difference of two step times, noisy, but well under a step
+    assert len(out["collective_wait_s"]["values"]) == cfg["repeats"]
+    assert all(abs(v) < 0.03 for v in out["collective_wait_s"]["values"])
     assert calibrate.measure_synchronized_steps(16, cfg, tmp_path) == {}  # many cores: not measured
 
 

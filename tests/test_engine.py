@@ -327,6 +327,26 @@ def test_more_ranks_than_cores_wait_at_every_round_and_message():
         replace(c, oversubscribed_wait_s=-1.0)
 
 
+def test_every_collective_call_waits_on_shared_cores():
+    """collective_wait_s is added once to every collective call of two or more nodes on shared
+    cores (not per round, not to messages, not without shared cores)."""
+    c = replace(cluster(bandwidth=1e9, latency=1e-4, nodes=8, shared_cores=2), collective_wait_s=2e-3)
+    ring = Collective(name="ar", group="w", scheme="ring", bytes=0.0)
+    bcast = Collective(name="b", group="w", scheme="scatter", bytes=0.0, deps=("ar",))
+
+    def step(n, cl=c, tasks=(ring,)):
+        return simulate(StepGraph(groups={"w": n}, samples_per_step=n, tasks=tasks), cl).step_time_s
+
+    assert step(2) == pytest.approx(2 * 1e-4 + 2e-3)  # 2 rounds of latency, one call's wait
+    assert step(2, tasks=(ring, bcast)) == pytest.approx(2 * 1e-4 + 1e-4 + 2 * 2e-3)  # two calls: two waits
+    assert step(1) == pytest.approx(0.0)  # a collective of one node meets nobody
+    assert step(2, replace(c, shared_cores=None)) == pytest.approx(2 * 1e-4)
+    msg = Transfer(name="t", src="a", dst="b", bytes_per_flow=0.0, pattern="all_to_all")
+    assert simulate(StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(msg,)), c).step_time_s == pytest.approx(1e-4)
+    with pytest.raises(SpecError, match="collective_wait_s"):
+        replace(c, collective_wait_s=-1.0)
+
+
 def test_moving_bytes_costs_the_shared_cores_cpu():
     """A 1 s transfer whose two ends need 0.5 core-seconds each, beside a 1 s compute task, on one
     shared core: 2 core-seconds of work on one core — both end at 2 s. Without the CPU cost, 1 s."""

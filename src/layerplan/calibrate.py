@@ -435,6 +435,9 @@ SYNC_NETS = ("alexnet_cifar", "vgg16_cifar", "resnet_cifar")
 """Whose training steps ``measure_synchronized_steps`` times when no nets are profiled."""
 SYNC_MIN_STEPS = 6
 """Each window holds at least this many of one oversubscribed process's steps."""
+SYNC_EXTRA_BYTES = 4096
+"""The small all-reduce ``measure_synchronized_steps`` adds to a step (DDP's BatchNorm buffer
+broadcast of resnet_cifar is 5.6 kB)."""
 
 
 def synchronized_steps_config(nets: Sequence[str] = (), repeats: int = 3, quick: bool = False) -> dict:
@@ -452,7 +455,11 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
     quick calibration, one repeat with alone timed first, read 1.84 of 2 cores where the previous
     read 1.77, its runs then predicted 4% fast): ``capacity`` = cores · alone / synchronized step, and
     ``oversubscribed_capacity`` = 2·cores · alone / oversubscribed step, in cores' worth
-    (``ClusterSpec.shared_core_capacity`` and ``oversubscribed_core_capacity``).
+    (``ClusterSpec.shared_core_capacity`` and ``oversubscribed_core_capacity``). One process per
+    core is also timed with a small all-reduce before every step besides the barrier after it, as
+    DDP broadcasts its buffers: the difference is ``collective_wait_s``, what one more collective
+    call costs a step in lockstep (here about 1 ms for resnet_cifar's 36 ms, where the call alone,
+    cores idle, takes 0.2-0.4 ms).
 
     Both are below what independent benchmarks give. The cores are not equally free (the
     kernel's and other processes' work lands on one more than the other), and a synchronized step
@@ -468,6 +475,7 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
     n = 2 * cores
     caps: dict[str, list[float]] = {}
     overs: dict[str, list[float]] = {}
+    waits: dict[str, list[float]] = {}
     for net in cfg["nets"]:
         (log_dir / net).mkdir(parents=True, exist_ok=True)
         envs = _loopback_envs(n, free_port())
@@ -478,12 +486,14 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
             window_s = max(cfg["window_s"], SYNC_MIN_STEPS * 2 * step_s)
             for _ in range(cfg["repeats"]):
                 got = {}
-                for k in (1, cores, n, 0):  # 0: alone again, after
-                    procs.send(f"go {window_s} {max(k, 1)}", range(max(k, 1)))
-                    got[k] = statistics.fmean(r["step_s"] for r in procs.expect("steps", range(max(k, 1))).values())
+                # "extra": one process per core in lockstep with one more small all-reduce a step
+                for k, ranks, extra in ((1, 1, 0), (cores, cores, 0), ("extra", cores, 1), (n, n, 0), (0, 1, 0)):
+                    procs.send(f"go {window_s} {ranks} {extra}", range(ranks))
+                    got[k] = statistics.fmean(r["step_s"] for r in procs.expect("steps", range(ranks)).values())
                 alone = (got[1] + got[0]) / 2  # the machine's pace drifts: alone around the synchronized runs
                 caps.setdefault(net, []).append(cores * alone / got[cores])
                 overs.setdefault(net, []).append(n * alone / got[n])
+                waits.setdefault(net, []).append(got["extra"] - got[cores])
             procs.send("stop")
             procs.expect("done", n)
         finally:
@@ -491,9 +501,11 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
         if advance:
             advance()
     return {"processes": [1, cores, n], "cores": cores, "batch": cfg["batch"],
-            "per_net": {k: {"capacity": spread(caps[k]), "oversubscribed_capacity": spread(overs[k])} for k in caps},
+            "per_net": {k: {"capacity": spread(caps[k]), "oversubscribed_capacity": spread(overs[k]),
+                            "collective_wait_s": spread(waits[k])} for k in caps},
             "capacity": spread([v for vs in caps.values() for v in vs]),
-            "oversubscribed_capacity": spread([v for vs in overs.values() for v in vs])}
+            "oversubscribed_capacity": spread([v for vs in overs.values() for v in vs]),
+            "collective_wait_s": spread([v for vs in waits.values() for v in vs])}
 
 
 def _training_step(module, params, x, y):
@@ -535,11 +547,13 @@ def _steps_worker(cfg: dict) -> None:
     t0 = time.perf_counter()
     step()
     _emit(event="ready", step_s=time.perf_counter() - t0)
+    tiny = torch.zeros(SYNC_EXTRA_BYTES // 4)
     while True:
         line = sys.stdin.readline().split()
         if not line or line[0] != "go":  # "stop" (or the parent gone) ends
             break
         window_s, k = float(line[1]), int(line[2])
+        extra = int(line[3]) if len(line) > 3 else 0  # more collective calls a step, before it (as DDP's broadcast)
         group = None if k == 1 else first if k == cfg["cores"] else dist.group.WORLD
         if group is not None:
             dist.barrier(group=group)  # start together
@@ -547,6 +561,8 @@ def _steps_worker(cfg: dict) -> None:
         times: list[float] = []
         while True:
             t1 = time.perf_counter()
+            for _ in range(extra if group is not None else 0):
+                dist.all_reduce(tiny, group=group)
             step()
             over = len(times) >= 2 and time.perf_counter() >= end
             if group is not None:  # the step's synchronization, which also tells every rank rank 0's "over"
@@ -847,10 +863,12 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
         capacity = min(float(cores), max(sync["capacity"]["median"], 1e-3))
         # time slicing never gives more than one process per core does (more is noise)
         over = min(capacity, max(sync["oversubscribed_capacity"]["median"], 1e-3))
+    wait = max(0.0, (sync.get("collective_wait_s") or {}).get("median", 0.0))
     return hardware.ClusterSpec(name=name, nodes=nodes or default_nodes, device=device, nic=nic, shared_cores=cores,
                                 comm_cpu_s_per_byte=comm_cpu, reduce_cpu_s_per_byte=reduce_cpu,
                                 shared_core_capacity=capacity, oversubscribed_core_capacity=over,
-                                oversubscribed_wait_s=(result.get("rounds") or {}).get("oversubscribed_wait_s", 0.0))
+                                oversubscribed_wait_s=(result.get("rounds") or {}).get("oversubscribed_wait_s", 0.0),
+                                collective_wait_s=wait)
 
 
 def comm_cpu_costs(link: dict) -> tuple[float, float]:
@@ -929,6 +947,9 @@ def summary_lines(result: dict) -> list[str]:
                      f"{f(sync['oversubscribed_capacity'], lambda v: f'{v:.2f}')} (" + ", ".join(
                          f"{k} {v['capacity']['median']:.2f}/{v['oversubscribed_capacity']['median']:.2f}"
                          for k, v in sync["per_net"].items()) + ")")
+        if sync.get("collective_wait_s"):
+            lines.append(f"one more small all-reduce a step in lockstep: "
+                         f"{f(sync['collective_wait_s'], units.format_seconds)} more a step (collective_wait_s)")
     if result.get("profile"):
         p = result["profile"]
         lines.append(f"profiled {len(p['layers'])} distinct layers of {', '.join(p['nets'])} at batch "

@@ -255,6 +255,14 @@ class ClusterSpec:
     core, and gloo's waiting ranks poll. ``layerplan calibrate`` times a small all-reduce with as
     many ranks as cores and with twice as many (here: 0.15 ms a ring round with 2 ranks on 2
     cores, 0.75-0.8 ms with 4). 0: not modelled."""
+    collective_wait_s: float = 0.0
+    """With shared_cores: seconds every collective call (an all-reduce, a broadcast) adds to a
+    training step beyond its rounds' latency and its bytes. The ranks meet at each call, so each
+    call stretches the step to its slowest rank's pace since the last one, and gloo's threads wake
+    on cores busy with the step's compute. ``layerplan calibrate`` times training steps in lockstep
+    with one more small all-reduce a step than the lockstep baseline (which ``shared_core_capacity``
+    already holds): here about 1 ms over loopback; on the emulated links DDP's BatchNorm buffer
+    broadcast alone cost resnet_cifar's 2 ranks 1-2.5 ms a step. 0: not modelled."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
@@ -275,7 +283,7 @@ class ClusterSpec:
                                  or not math.isfinite(over) or not 0 < over <= self.shared_cores):
             raise SpecError(f"cluster {self.name!r}: oversubscribed_core_capacity must be a number in (0, shared_cores] "
                             f"with shared_cores set, got {over!r}")
-        for f in ("comm_cpu_s_per_byte", "reduce_cpu_s_per_byte", "oversubscribed_wait_s"):
+        for f in ("comm_cpu_s_per_byte", "reduce_cpu_s_per_byte", "oversubscribed_wait_s", "collective_wait_s"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise SpecError(f"cluster {self.name!r}: {f} must be a non-negative number of seconds, got {v!r}")
@@ -297,6 +305,7 @@ class ClusterSpec:
             "shared_core_capacity": self.shared_core_capacity,
             "oversubscribed_core_capacity": self.oversubscribed_core_capacity,
             "oversubscribed_wait_s": self.oversubscribed_wait_s,
+            "collective_wait_s": self.collective_wait_s,
         }
 
     def describe(self) -> str:

@@ -175,7 +175,9 @@ def print_cluster(c) -> None:
                  f"; {c.oversubscribed_core_capacity:.2f} with more compute threads than cores")
               + ("" if not c.oversubscribed_wait_s else
                  f"; with more ranks than cores each ring round or message waits "
-                 f"{units.format_seconds(c.oversubscribed_wait_s)} more"))
+                 f"{units.format_seconds(c.oversubscribed_wait_s)} more")
+              + ("" if not c.collective_wait_s else
+                 f"; each collective call adds {units.format_seconds(c.collective_wait_s)} to a step"))
     console().print(t)
 
 

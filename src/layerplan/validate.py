@@ -328,7 +328,8 @@ def calibrated_for(emu, calibrated: hardware.ClusterSpec) -> hardware.ClusterSpe
             over = min(base.shared_cores, over * base.shared_cores / calibrated.shared_cores)
     base = replace(base, comm_cpu_s_per_byte=calibrated.comm_cpu_s_per_byte,
                    reduce_cpu_s_per_byte=calibrated.reduce_cpu_s_per_byte, shared_core_capacity=cap,
-                   oversubscribed_core_capacity=over, oversubscribed_wait_s=calibrated.oversubscribed_wait_s)
+                   oversubscribed_core_capacity=over, oversubscribed_wait_s=calibrated.oversubscribed_wait_s,
+                   collective_wait_s=calibrated.collective_wait_s)
     if not calibrated.name.startswith("emulated"):  # a local calibration knows loopback, not these links
         return base
     nic = replace(base.nic, efficiency=calibrated.nic.efficiency, latency_s=calibrated.nic.latency_s)

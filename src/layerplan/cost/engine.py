@@ -24,9 +24,11 @@ workers is four tasks, not a million flows.
   costs CPU too where the cluster says so: ``comm_cpu_s_per_byte`` at each end of every message
   and ``reduce_cpu_s_per_byte`` on half of an all-reduce's bytes (the reduction), drawn from the
   same shared cores — on an emulated cluster at 10 Gbit/s, TCP and gloo's copies and reductions
-  take cores away from compute. With more nodes in the step than shared cores, every collective
-  round and every message also waits ``oversubscribed_wait_s`` (its receiver may be off its core),
-  and while more compute threads run than there are cores, the cores give
+  take cores away from compute. Every collective call also waits ``collective_wait_s`` (its ranks
+  meet: the step goes at the slowest rank's pace since the last call, and gloo's threads wake on
+  cores busy with compute); with more nodes in the step than shared cores, every collective round
+  and every message also waits ``oversubscribed_wait_s`` (its receiver may be off its core), and
+  while more compute threads run than there are cores, the cores give
   ``oversubscribed_core_capacity`` (time slicing: each switch refills the caches).
 - ``Transfer(src, dst, bytes_per_flow, pattern)``: a class of flows between two groups.
   ``messages · latency_s`` pass before the bytes move. Patterns, with n_s / n_d nodes:
@@ -581,6 +583,8 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
             n = groups[t.group]
             cost = collective_cost(t.scheme, t.bytes, n)
             latency = cost.rounds * lat_s  # α term: rounds on the critical path
+            if n > 1 and cluster.shared_cores is not None:
+                latency += cluster.collective_wait_s  # the ranks meet: each call waits for the slowest
             amount = cost.critical_bytes
             if amount > 0:
                 for r, b in ((res.egress[t.group], cost.send_bytes_per_node), (res.ingress[t.group], cost.recv_bytes_per_node)):
