@@ -77,6 +77,20 @@ def test_matrices_cover_what_the_summary_needs():
     assert {c.label for c in full if c.strategy == "groups"} == {"groups(g=1)", "groups(g=2)", "groups(g=4)"}
 
 
+def test_short_configurations_run_twice_and_their_step_is_the_mean_of_the_runs():
+    """A configuration whose steps take under REPEAT_BELOW_S in all runs twice; its row keeps each
+    run's median, the mean as its step (throughput from it) and the summed steps and wall time."""
+    m = validate.MATRICES["full"]
+    assert validate.repeats(m, 0.04) == 2  # resnet_cifar at 10 Gbit/s: 30 steps of 40 ms
+    assert validate.repeats(m, 1.0) == 1  # 10 steps of a second
+    first = {**row("resnet_cifar", "ps", 0.040, 0.041), "global_batch": 32, "steps_measured": 30, "wall_s": 3.0}
+    merged = validate.merge_runs(first, {**first, "measured_step_s": 0.044, "wall_s": 2.5})
+    assert merged["measured_runs_s"] == [0.040, 0.044] and merged["measured_step_s"] == pytest.approx(0.042)
+    assert merged["measured_throughput"] == pytest.approx(32 / 0.042)
+    assert merged["steps_measured"] == 60 and merged["wall_s"] == pytest.approx(5.5)
+    assert first["measured_step_s"] == 0.040  # the first run's row is left as it was
+
+
 def test_estimate_lists_what_would_run_and_what_is_done(capsys, tmp_path):
     m = validate.replace(validate.MATRICES["quick"], models=("resnet_cifar", "nin"), rates=("1Gbit",),
                          strategies=("allreduce", "stanza"))
@@ -85,7 +99,8 @@ def test_estimate_lists_what_would_run_and_what_is_done(capsys, tmp_path):
     assert set(est) == {(n, s) for n in ("resnet_cifar", "nin") for s in ("allreduce", "stanza")}
     run = est[("resnet_cifar", "stanza")]
     assert run["skip"] is None and m.min_steps <= run["steps"] <= m.max_steps
-    assert run["estimated_s"] == pytest.approx(validate.START_S + (run["steps"] + 1) * run["predicted_step_s"])
+    assert run["runs"] == validate.repeats(m, run["predicted_step_s"])
+    assert run["estimated_s"] == pytest.approx(run["runs"] * (validate.START_S + (run["steps"] + 1) * run["predicted_step_s"]))
     assert "needs an FC phase" in est[("nin", "stanza")]["skip"] and est[("nin", "stanza")]["estimated_s"] == 0
     assert est[("resnet_cifar", "allreduce")]["skip"].startswith("measured already")
     # the CLI: --resume keeps what DIR/validate.json holds; --dry-run runs nothing
@@ -123,6 +138,8 @@ def test_validate_runs_the_matrix_on_an_emulated_cluster(tmp_path):
     for r in doc["rows"]:
         assert r["measured_step_s"] > 0 and r["predicted_step_s"] > 0
         assert r["measured_bytes_per_step"] == pytest.approx(r["predicted_bytes_per_step"], rel=0.02)
+        # a few short steps: run twice, the step the mean of the two runs' (REPEAT_BELOW_S)
+        assert len(r["measured_runs_s"]) == 2 and r["measured_step_s"] == pytest.approx(sum(r["measured_runs_s"]) / 2)
     assert (tmp_path / "predicted-vs-measured.png").stat().st_size > 0
     assert (tmp_path / "throughput-by-strategy.png").stat().st_size > 0
     assert not [ns for ns in emulate.namespaces() if ns.startswith(f"{emulate.PREFIX}-{validate.EMULATION_NAME}-")]
