@@ -98,6 +98,35 @@ def test_ddp_broadcasts_the_buffers_before_each_forward():
             == strategies.predict(net, ideal(1), "allreduce", alone, b).step_time_s)  # nobody to send them to
 
 
+def test_ddp_moves_every_gradient_through_its_bucket():
+    """DDP's reducer copies each gradient into its bucket, the hook divides it by the workers and
+    the reducer copies it back: 6·P bytes of memory traffic a step at the update's bandwidth (4·P
+    with one worker: nothing to divide by), the copy back after the last all-reduce; Stanza's CONV
+    workers sum (no division) and only run DDP with someone to all-reduce with."""
+    from layerplan.strategies.allreduce import ddp_copy_s
+
+    net, b = net_fc_heavy(), 8
+    bw = ideal(4).device.update_bytes_per_s(net.param_bytes)
+    assert ddp_copy_s(1e6, net.param_bytes, ideal(4), passes=3) == pytest.approx(6e6 / bw)
+    for w, passes in ((4, 3), (1, 2)):
+        cfg = strategies.get("allreduce").Config(workers=w, bucket_bytes=0)
+        graph = strategies.get("allreduce").schedule(net, ideal(w), cfg, b)
+        tasks = {t.name: t for t in graph.tasks}
+        copies = tasks["bwd0"].seconds - bwd_s(net, net.layers, ideal(w), b) + tasks["unbucket"].seconds
+        assert copies == pytest.approx(2 * passes * net.param_bytes / bw)
+        assert tasks["update"].deps == ("unbucket",)
+    from layerplan.strategies.stanza import StanzaRunConfig  # the runtime's stanza: DDP's buckets
+
+    stanza = strategies.get("stanza")
+    p_c = sum(layer.param_bytes for layer in net.conv_layers)
+    for n_c, copies in ((3, 4 * p_c / ideal(4).device.update_bytes_per_s(p_c)), (1, 0.0)):
+        graph = stanza.schedule(net, ideal(4), StanzaRunConfig(conv_workers=n_c, fc_workers=1), b)
+        tasks = {t.name: t for t in graph.tasks}
+        bwd = sum(t.seconds for n, t in tasks.items() if n.startswith("conv_bwd"))
+        unbucket = tasks["conv_unbucket"].seconds if "conv_unbucket" in tasks else 0.0
+        assert bwd - bwd_s(net, net.conv_layers, ideal(4), b) + unbucket == pytest.approx(copies)
+
+
 def test_ddp_buckets_overlap_backward():
     net, b = net_fc_heavy(), 8
     one = strategies.predict(net, ideal(4), "allreduce", strategies.get("allreduce").Config(workers=4, bucket_bytes=0), b)

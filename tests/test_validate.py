@@ -88,6 +88,15 @@ def test_short_configurations_run_twice_and_their_step_is_the_mean_of_the_runs()
     assert merged["measured_runs_s"] == [0.040, 0.044] and merged["measured_step_s"] == pytest.approx(0.042)
     assert merged["measured_throughput"] == pytest.approx(32 / 0.042)
     assert merged["steps_measured"] == 60 and merged["wall_s"] == pytest.approx(5.5)
+    assert validate.run_spread(merged) == pytest.approx(0.004 / 0.042) and validate.run_spread(first) == 0.0
+    # a scenario whose predicted best ran slower than the measured best by less than their runs differed
+    other = {**row("resnet_cifar", "allreduce", 0.041, 0.039), "measured_runs_s": [0.040, 0.042]}
+    s = validate.summarize([validate.merge_runs(first, {**first, "measured_step_s": 0.044}), other])["scenarios"][0]
+    assert s["predicted_best"] == "allreduce" and s["measured_best"] == "allreduce" and not s["within_run_spread"]
+    slower = {**other, "measured_step_s": 0.0425, "measured_throughput": 32 / 0.0425}
+    s = validate.summarize([validate.merge_runs(first, {**first, "measured_step_s": 0.044}), slower])["scenarios"][0]
+    assert not s["match"] and s["choice_loss"] == pytest.approx(1 - 0.042 / 0.0425)
+    assert s["within_run_spread"]  # 1.2% slower, where the ps row's runs differed by 9.5%
     assert first["measured_step_s"] == 0.040  # the first run's row is left as it was
 
 

@@ -439,8 +439,8 @@ SYNC_EXTRA_BYTES = 4096
 """The small all-reduce ``measure_synchronized_steps`` adds to a step (DDP's BatchNorm buffer
 broadcast of resnet_cifar is 5.6 kB)."""
 SYNC_EXTRA_MAX_STEP_S = 0.1
-"""``collective_wait_s`` is timed on the nets whose step alone takes less than this (else on the
-fastest): a difference of two step times of a few ms, it drowns in the noise of a net whose steps
+"""``collective_wait_s`` is timed on the nets whose step alone takes less than this (none: on the
+last net): a difference of two step times of a few ms, it drowns in the noise of a net whose steps
 take hundreds (one quick calibration here read −10.6 to +4.2 ms on alexnet_cifar and vgg16_cifar,
 1.6 and 1.9 ms on resnet_cifar)."""
 
@@ -993,7 +993,7 @@ def _emit(**msg) -> None:
     sys.stdout.flush()
 
 
-PROBE_WINDOW_S = 0.5
+PROBE_WINDOW_S = 0.3
 
 
 def speed_probe(window_s: float = PROBE_WINDOW_S, threads: int = 1) -> float:

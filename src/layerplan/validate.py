@@ -390,8 +390,11 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         pl, ml = p.get("label", p["strategy"]), m.get("label", m["strategy"])
         # what following the prediction costs: the predicted best's measured throughput short of the best's
         loss = 1.0 - p["measured_throughput"] / m["measured_throughput"] if m["measured_throughput"] > 0 else 0.0
+        # how far apart the two runs of either configuration were (rows run twice: REPEAT_BELOW_S)
+        noise = max((run_spread(r) for r in (p, m)), default=0.0)
         best.append({"model": key[0], "workers": key[1], "rate": key[2], "predicted_best": pl,
-                     "measured_best": ml, "match": pl == ml, "choice_loss": loss})
+                     "measured_best": ml, "match": pl == ml, "choice_loss": loss,
+                     "within_run_spread": pl != ml and loss <= noise})
     return {
         "configurations": len(rows),
         "median_abs_error": statistics.median(errs) if errs else None,
@@ -402,11 +405,18 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "slow_rows": sum(1 for x in speeds if x < SLOW_SPEED),
         "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "best_match_fraction": (sum(b["match"] for b in best) / len(best)) if best else None,
+        "best_within_run_spread": sum(b["within_run_spread"] for b in best),
         "max_choice_loss": max((b["choice_loss"] for b in best), default=None),
         "scenarios": best,
         "speedups": speedups(rows),
         "by_strategy": by_strategy(rows),
     }
+
+
+def run_spread(r: dict) -> float:
+    """(max − min) / mean of a row's runs' steps (``measured_runs_s``); 0 for a row run once."""
+    runs = r.get("measured_runs_s") or []
+    return (max(runs) - min(runs)) / statistics.fmean(runs) if len(runs) > 1 else 0.0
 
 
 def by_strategy(rows: list[dict]) -> dict[str, dict[str, Any]]:
@@ -670,7 +680,9 @@ def print_summary(doc: dict, con=None) -> None:
               f"{pc(s['preset_median_abs_error'])}; Spearman ρ "
               f"{'–' if s['spearman'] is None else format(s['spearman'], '.3f')}; predicted best = measured best in "
               f"{pc(s['best_match_fraction'])} of scenarios" + (
-                  f" (where not, the predicted best ran at most {pc(s['max_choice_loss'])} below the measured best)"
+                  f" (where not, the predicted best ran at most {pc(s['max_choice_loss'])} below the measured best"
+                  + (f"; in {s['best_within_run_spread']} of them by less than its or the best's two runs differed"
+                     if s.get("best_within_run_spread") else "") + ")"
                   if s.get("max_choice_loss") else ""))
     if s.get("by_strategy"):
         con.print("  by strategy, median / p90 / max |error|: " + "; ".join(
@@ -693,7 +705,8 @@ def print_summary(doc: dict, con=None) -> None:
     for b in s["scenarios"]:
         con.print(f"  {b['model']}, {b['workers']} workers, {b['rate']}: predicted best {b['predicted_best']}, "
                   f"measured best {b['measured_best']} " + ("✓" if b["match"] else
-                  f"✗ (the predicted best ran {100 * b.get('choice_loss', 0.0):.1f}% below it)"))
+                  f"✗ (the predicted best ran {100 * b.get('choice_loss', 0.0):.1f}% below it"
+                  + (", less than the two runs of either differed" if b.get("within_run_spread") else "") + ")"))
     for sp in s["speedups"]:
         con.print(f"  stanza vs {sp['vs']} ({sp['model']}, {sp['workers']} workers, {sp['rate']}): measured "
                   f"{sp['measured']:.2f}×, predicted {sp['predicted']:.2f}× ({100 * sp['error']:+.1f}%)")

@@ -25,7 +25,7 @@ from layerplan.cost.engine import Collective, Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
-from layerplan.strategies.allreduce import DDP_BUCKET_BYTES, buckets
+from layerplan.strategies.allreduce import DDP_BUCKET_BYTES, buckets, ddp_copy_s
 from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
 
 
@@ -135,17 +135,24 @@ class Stanza(Strategy):
                 conv_done = ("conv_allreduce",)
         else:  # DDP: each bucket's all-reduce starts when backward has produced it, one after another
             prev_bwd, prev_ar = "act_grads", None
+            ddp = n_c > 1  # the runtime wraps the head in DDP where there is someone to all-reduce with
             for i, layers in enumerate(buckets(net, bucket_bytes, net.conv_layers)):
                 bwd = f"conv_bwd{i}"
-                tasks.append(Compute(name=bwd, group="conv", seconds=bwd_s(net, layers, cluster, batch), deps=(prev_bwd,)))
-                prev_bwd = bwd
                 nbytes = sum(layer.param_bytes for layer in layers)
+                # DDP copies each gradient into its bucket (summed, not divided: runtime/roles/stanza.py)
+                tasks.append(Compute(name=bwd, group="conv", deps=(prev_bwd,), seconds=bwd_s(net, layers, cluster, batch)
+                                     + (ddp_copy_s(nbytes, p_c, cluster, passes=1) if ddp else 0.0)))
+                prev_bwd = bwd
                 if n_c > 1 and nbytes > 0:
                     ar = f"conv_allreduce{i}"
                     tasks.append(Collective(name=ar, group="conv", scheme=allreduce_scheme(config), bytes=nbytes,
                                             deps=(bwd,) if prev_ar is None else (bwd, prev_ar)))
                     prev_ar = ar
             conv_done = (prev_bwd,) if prev_ar is None else (prev_bwd, prev_ar)
+            if ddp:  # and copies the buckets back to the gradients once every one is reduced
+                tasks.append(Compute(name="conv_unbucket", group="conv", deps=conv_done,
+                                     seconds=ddp_copy_s(p_c, p_c, cluster, passes=1)))
+                conv_done = ("conv_unbucket",)
         tasks.append(Compute(name="conv_update", group="conv", seconds=update_s(p_c, cluster), deps=conv_done))
         fc_done = "fc_fwd_bwd"
         if n_f > 1:
