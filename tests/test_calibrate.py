@@ -293,6 +293,28 @@ def test_the_engine_uses_a_profiled_layer_and_the_cluster_file_keeps_it(tmp_path
         hardware.cluster_from_dict(bad)
 
 
+def test_a_profiled_layer_goes_through_its_measured_batches_and_along_its_line_beyond():
+    """Measured times at 16, 32 and 64 that are no line (a fully connected layer's backward): the
+    engine takes them exactly at those batches, linearly between, and the fitted line outside; the
+    points survive a cluster file."""
+    p = hardware.ProfiledLayer(key="k", fwd_fixed_s=1e-3, fwd_per_sample_s=1e-4, bwd_fixed_s=0.045,
+                               bwd_per_sample_s=7.8e-4, batches=(16, 32, 64), fwd_s=(2.6e-3, 4.2e-3, 7.4e-3),
+                               bwd_s=(0.0646, 0.0806, 0.095))
+    assert p.time_s(16, "bwd") == pytest.approx(0.0646) and p.time_s(64, "bwd") == pytest.approx(0.095)
+    assert p.time_s(24, "bwd") == pytest.approx((0.0646 + 0.0806) / 2)
+    assert p.time_s(48, "fwd") == pytest.approx((4.2e-3 + 7.4e-3) / 2)
+    assert p.time_s(8, "bwd") == pytest.approx(0.045 + 8 * 7.8e-4)  # outside: the line
+    assert p.time_s(128, "fwd") == pytest.approx(1e-3 + 128 * 1e-4)
+    line = replace(p, fwd_s=(), bwd_s=())  # older cluster files: the line everywhere
+    assert line.time_s(16, "bwd") == pytest.approx(0.045 + 16 * 7.8e-4)
+    with pytest.raises(SpecError, match="one non-negative time per batch"):
+        replace(p, bwd_s=(0.0646, 0.0806))
+    with pytest.raises(SpecError, match="batches must be increasing"):
+        replace(p, batches=(32, 16, 64))
+    dev = replace(hardware.device("cpu-core"), profiled_layers=(p,))
+    assert hardware.cluster_from_dict(replace(hardware.cluster("titan-x"), device=dev).to_dict()).device.profiled_layers == (p,)
+
+
 def test_profiling_times_every_layer_the_engine_asks_for(tmp_path):
     """A real profile of the debug net: every module layer with one input is measured, under the key
     the engine looks up, at every batch."""

@@ -1574,7 +1574,8 @@ def scale_to_whole_pass(rows: list[dict], nets: list[dict]) -> None:
 def profiled_layers(profile: dict) -> tuple[hardware.ProfiledLayer, ...]:
     return tuple(hardware.ProfiledLayer(key=r["key"], fwd_fixed_s=r["fwd_fixed_s"], fwd_per_sample_s=r["fwd_per_sample_s"],
                                         bwd_fixed_s=r["bwd_fixed_s"], bwd_per_sample_s=r["bwd_per_sample_s"],
-                                        batches=tuple(r["batches"])) for r in profile["layers"])
+                                        batches=tuple(r["batches"]), fwd_s=tuple(r["fwd_s"]), bwd_s=tuple(r["bwd_s"]))
+                 for r in profile["layers"])
 
 
 def _main(argv: list[str] | None = None) -> int:

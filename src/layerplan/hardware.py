@@ -27,10 +27,13 @@ from layerplan.errors import LayerplanError, SpecError
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProfiledLayer:
-    """A layer's measured time on this device, as ``layerplan calibrate --profile`` fits it: forward
-    and backward each ``fixed_s + per_sample_s · batch`` (a least-squares line through the batches
-    measured) — PALEO's analytical layer time replaced by a profile of the layer itself, the way
-    PALEO §4 compares its model with measured layer times. ``key`` is
+    """A layer's measured time on this device, as ``layerplan calibrate --profile`` measures it —
+    PALEO's analytical layer time replaced by a profile of the layer itself, the way PALEO §4
+    compares its model with measured layer times: forward and backward at each of ``batches``
+    (``fwd_s``/``bwd_s``), linear between them, and beyond them each ``fixed_s + per_sample_s ·
+    batch`` (a least-squares line through the batches measured). A fully connected layer's time is
+    not a line in the batch: alexnet_cifar's FC phase took 64.6 ms backward at batch 16 and 80.6 at
+    32, where its layers' lines through 16, 32 and 64 gave 54 ms at 16. ``key`` is
     ``cost.compute.profile_key(layer, in_bytes)``: op, input bytes, output shape, parameters and
     FLOPs per sample, so a layer of any network with the same shape uses the same entry."""
 
@@ -40,7 +43,11 @@ class ProfiledLayer:
     bwd_fixed_s: float
     bwd_per_sample_s: float
     batches: tuple[int, ...] = ()
-    """The batch sizes measured (where the line is an interpolation)."""
+    """The batch sizes measured."""
+    fwd_s: tuple[float, ...] = ()
+    """The forward time measured at each of ``batches`` (empty: the line only)."""
+    bwd_s: tuple[float, ...] = ()
+    """The backward time measured at each of ``batches`` (empty: the line only)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -50,8 +57,24 @@ class ProfiledLayer:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 raise SpecError(f"profiled layer {self.key!r}: {f} must be a number of seconds, got {v!r}")
         object.__setattr__(self, "batches", tuple(self.batches))
+        for f in ("fwd_s", "bwd_s"):
+            v = tuple(getattr(self, f))
+            object.__setattr__(self, f, v)
+            if v and (len(v) != len(self.batches) or any(
+                    not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x) or x < 0 for x in v)):
+                raise SpecError(f"profiled layer {self.key!r}: {f} must hold one non-negative time per batch "
+                                f"({len(self.batches)}), got {list(v)!r}")
+        if list(self.batches) != sorted(set(self.batches)):
+            raise SpecError(f"profiled layer {self.key!r}: batches must be increasing, got {list(self.batches)!r}")
 
     def time_s(self, batch: int, direction: str) -> float:
+        points = self.fwd_s if direction == "fwd" else self.bwd_s
+        bs = self.batches
+        if points and bs[0] <= batch <= bs[-1]:  # measured: linear between the batches around it
+            for (b0, t0), (b1, t1) in zip(zip(bs, points), zip(bs[1:], points[1:])):
+                if batch <= b1:
+                    return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+            return points[-1]  # one batch measured, this one
         fixed, per = ((self.fwd_fixed_s, self.fwd_per_sample_s) if direction == "fwd"
                       else (self.bwd_fixed_s, self.bwd_per_sample_s))
         return max(0.0, fixed + per * batch)
@@ -320,8 +343,8 @@ def _device_dict(d: DeviceSpec) -> dict[str, Any]:
     out["update_bandwidth"] = [list(p) for p in d.update_bandwidth]
     if not out["update_bandwidth"]:
         del out["update_bandwidth"]
-    out["profiled_layers"] = [{**{f.name: getattr(p, f.name) for f in fields(ProfiledLayer)}, "batches": list(p.batches)}
-                              for p in d.profiled_layers]
+    out["profiled_layers"] = [{**{f.name: getattr(p, f.name) for f in fields(ProfiledLayer)}, "batches": list(p.batches),
+                               "fwd_s": list(p.fwd_s), "bwd_s": list(p.bwd_s)} for p in d.profiled_layers]
     if not out["profiled_layers"]:
         del out["profiled_layers"]
     return out
