@@ -438,6 +438,11 @@ SYNC_MIN_STEPS = 6
 SYNC_EXTRA_BYTES = 4096
 """The small all-reduce ``measure_synchronized_steps`` adds to a step (DDP's BatchNorm buffer
 broadcast of resnet_cifar is 5.6 kB)."""
+SYNC_WAIT_PAIRS = 3
+"""Windows in lockstep without and with the extra all-reduce, per repeat, on the nets timed for
+``collective_wait_s``: the difference of one pair is noise-sized — six pairs of resnet_cifar in a row
+here read 1.38, 2.18, 1.46, 2.30, 1.57 and 0.04 ms, and a calibration of two (0.04 and 1.38: 0.7 ms)
+predicted its DDP rows at 10 Gbit/s 8-10% fast; the median of three pairs a repeat holds."""
 SYNC_EXTRA_MAX_STEP_S = 0.1
 """``collective_wait_s`` is timed on the nets whose step alone takes less than this (none: on the
 last net): a difference of two step times of a few ms, it drowns in the noise of a net whose steps
@@ -504,6 +509,12 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
                 overs.setdefault(net, []).append(n * alone / got[n])
                 if timed:
                     waits.setdefault(net, []).append(got["extra"] - got[cores])
+                    for _ in range(SYNC_WAIT_PAIRS - 1):  # more pairs: one difference of two medians is noise
+                        pair = {}
+                        for k, extra in ((cores, 0), ("extra", 1)):
+                            procs.send(f"go {window_s} {cores} {extra}", range(cores))
+                            pair[k] = statistics.fmean(r["step_s"] for r in procs.expect("steps", range(cores)).values())
+                        waits[net].append(pair["extra"] - pair[cores])
             procs.send("stop")
             procs.expect("done", n)
         finally:
