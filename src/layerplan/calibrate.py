@@ -496,25 +496,20 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
             window_s = max(cfg["window_s"], SYNC_MIN_STEPS * 2 * step_s)
             # the collective's wait on the fast nets, or on the last net if none before it was fast
             timed = step_s < SYNC_EXTRA_MAX_STEP_S or (not waits and i == len(cfg["nets"]) - 1)
+
+            def window(ranks: int, extra: int = 0) -> float:
+                """The ranks' mean step over one window (``extra`` small all-reduces a step more)."""
+                procs.send(f"go {window_s} {ranks} {extra}", range(ranks))
+                return statistics.fmean(r["step_s"] for r in procs.expect("steps", range(ranks)).values())
+
             for _ in range(cfg["repeats"]):
-                got = {}
-                # "extra": one process per core in lockstep with one more small all-reduce a step
-                for k, ranks, extra in ((1, 1, 0), (cores, cores, 0), ("extra", cores, 1), (n, n, 0), (0, 1, 0)):
-                    if k == "extra" and not timed:
-                        continue
-                    procs.send(f"go {window_s} {ranks} {extra}", range(ranks))
-                    got[k] = statistics.fmean(r["step_s"] for r in procs.expect("steps", range(ranks)).values())
-                alone = (got[1] + got[0]) / 2  # the machine's pace drifts: alone around the synchronized runs
-                caps.setdefault(net, []).append(cores * alone / got[cores])
-                overs.setdefault(net, []).append(n * alone / got[n])
-                if timed:
-                    waits.setdefault(net, []).append(got["extra"] - got[cores])
-                    for _ in range(SYNC_WAIT_PAIRS - 1):  # more pairs: one difference of two medians is noise
-                        pair = {}
-                        for k, extra in ((cores, 0), ("extra", 1)):
-                            procs.send(f"go {window_s} {cores} {extra}", range(cores))
-                            pair[k] = statistics.fmean(r["step_s"] for r in procs.expect("steps", range(cores)).values())
-                        waits[net].append(pair["extra"] - pair[cores])
+                before, sync, over = window(1), window(cores), window(n)
+                alone = (before + window(1)) / 2  # the machine's pace drifts: alone around the synchronized runs
+                caps.setdefault(net, []).append(cores * alone / sync)
+                overs.setdefault(net, []).append(n * alone / over)
+                for _ in range(SYNC_WAIT_PAIRS if timed else 0):  # one process per core without, then with
+                    plain = window(cores)                              # one more small all-reduce a step
+                    waits.setdefault(net, []).append(window(cores, 1) - plain)
             procs.send("stop")
             procs.expect("done", n)
         finally:
