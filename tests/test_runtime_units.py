@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -374,8 +375,8 @@ def test_summarize_medians_roles_and_losses():
 
     def frag(rank, kind, sent, loss, walls):
         return {"rank": rank, "kind": kind, "checkpoint_bytes_sent": 0, "records": [
-            {"step": i, "wall_s": w, "compute_s": w / 2, "comm_s": w / 4, "sent_bytes": sent, "recv_bytes": sent,
-             "loss": loss} for i, w in enumerate(walls)]}
+            {"step": i, "wall_s": w, "compute_s": w / 2, "comm_s": w / 4, "cpu_s": w * (0.25 if loss is None else 0.5),
+             "sent_bytes": sent, "recv_bytes": sent, "loss": loss} for i, w in enumerate(walls)]}
 
     # the workers' step ends jitter out of phase (1 s / 3 s): a step is the ranks' mean wall (2 s), not
     # the slowest rank's 3 s
@@ -386,10 +387,28 @@ def test_summarize_medians_roles_and_losses():
     assert m["loss"] == [0.75] * 4
     assert m["bytes_per_step"]["per_role"] == {"worker": 100, "server": 200}
     assert m["bytes_per_step"]["total"] == 400
-    assert m["breakdown"]["server"] == {"compute_s": 1.0, "comm_s": 0.5}
+    assert m["breakdown"]["server"] == {"compute_s": 1.0, "comm_s": 0.5, "cpu_cores": 0.25}
+    assert m["breakdown"]["worker"]["cpu_cores"] == 0.5
+    assert m["cpu_cores_busy"] == pytest.approx(1.25)  # two workers at half a core, the server at a quarter
     assert m["bottleneck"] == "server" and m["steps"] == [0, 3] and m["roles"] == {"0": "worker", "1": "worker",
                                                                                   "2": "server"}
     json.dumps(m)
+
+
+def test_meter_counts_the_process_cpu_time_of_a_step():
+    from layerplan.runtime.metrics import Meter
+
+    meter = Meter(0, "worker")
+    meter.start_step(0)
+    end = time.process_time() + 0.05
+    while time.process_time() < end:  # busy: CPU time goes with the wall
+        pass
+    busy = meter.end_step()
+    meter.start_step(1)
+    time.sleep(0.05)  # blocked, as in a wait(): the wall goes on, the CPU time does not
+    idle = meter.end_step()
+    assert busy["cpu_s"] >= 0.05 and idle["wall_s"] >= 0.05
+    assert idle["cpu_s"] < busy["cpu_s"] / 2
 
 
 def test_attach_prediction_puts_both_side_by_side():
@@ -404,6 +423,11 @@ def test_attach_prediction_puts_both_side_by_side():
     assert out["comparison"]["bytes_per_step.total"]["rel_error"] == 0.0
     assert out["comparison"]["breakdown.worker.compute_s"]["rel_error"] == -0.5
     assert "breakdown.worker.comm_s" not in out["comparison"]
+    assert "cpu_cores_busy" not in out["comparison"]  # a cluster without shared cores
+    shared = {**p, "cluster": {"shared_cores": 2}, "utilization": {"shared cores": 0.75}}
+    out = attach_prediction({**m, "cpu_cores_busy": 1.2}, shared)
+    assert out["comparison"]["cpu_cores_busy"]["predicted"] == 1.5  # 75% of the 2 cores
+    assert out["comparison"]["cpu_cores_busy"]["rel_error"] == pytest.approx(0.25)
 
 
 # ---- checkpoint files ----------------------------------------------------------------------

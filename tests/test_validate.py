@@ -98,6 +98,11 @@ def test_short_configurations_run_twice_and_their_step_is_the_mean_of_the_runs()
     assert not s["match"] and s["choice_loss"] == pytest.approx(1 - 0.042 / 0.0425)
     assert s["within_run_spread"]  # 1.2% slower, where the ps row's runs differed by 9.5%
     assert first["measured_step_s"] == 0.040  # the first run's row is left as it was
+    busy = {**first, "measured_cpu_cores": 1.6, "measured_cpu_cores_by_role": {"worker": 0.7, "server": 0.2}}
+    merged = validate.merge_runs(busy, {**busy, "measured_cpu_cores": 1.8,
+                                        "measured_cpu_cores_by_role": {"worker": 0.8, "server": 0.2}})
+    assert merged["measured_cpu_cores"] == pytest.approx(1.7)
+    assert merged["measured_cpu_cores_by_role"] == pytest.approx({"worker": 0.75, "server": 0.2})
 
 
 def test_estimate_lists_what_would_run_and_what_is_done(capsys, tmp_path):
@@ -209,6 +214,24 @@ def test_a_rows_measured_link_cpu_enters_its_prediction():
     cheap = validate.prediction({**r4, "link_cpu_s_per_byte": 1e-10}, emu4, cal)
     dear = validate.prediction({**r4, "link_cpu_s_per_byte": 2e-8}, emu4, cal)
     assert dear["predicted_step_s"] > cheap["predicted_step_s"]
+
+
+def test_a_row_predicts_how_busy_the_shared_cores_are():
+    r, emu, cal = _calibrated_row()
+    p = validate.prediction(r, emu, cal)
+    # alexnet_cifar's DDP at 1 Gbit/s: 2 workers on the 2 shared cores, busy part of the step (the
+    # all-reduce of its 100 MB waits on the link), never more than the 2 cores there are
+    assert 0.5 < p["predicted_cpu_cores"] < 2.0
+    r10 = {**r, "rate": "10Gbit", "rate_bytes_per_s": 1.25e9}
+    p10 = validate.prediction(r10, type(emu)(name="t", hosts=2, rate_bytes_per_s=1.25e9, subnet=1), cal)
+    assert p10["predicted_cpu_cores"] > p["predicted_cpu_cores"]  # a faster link leaves the cores less idle
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    validate.print_rows([{**r, **p, "measured_cpu_cores": 1.234}], Console(file=out, width=250))
+    assert f"1.23 / {p['predicted_cpu_cores']:.2f}" in out.getvalue()
 
 
 def test_a_rows_measured_link_rate_is_its_links_efficiency():

@@ -3,7 +3,9 @@ cluster and compare every measured step with the cost engine's prediction for it
 
 Per configuration: the median step after warm-up (runtime), the prediction with the calibrated
 cluster and with presets only, the error (predicted − measured) / measured, the lower bound
-max(compute, bytes / bandwidth) and the measured efficiency against it. Summary: median, p90 and
+max(compute, bytes / bandwidth) and the measured efficiency against it, and how busy the run kept
+the shared cores (every rank's CPU time over its wall time, summed) against the engine's shared
+cores busy — where the two part, the model has the CPU's work wrong, not the network's. Summary: median, p90 and
 max |error|, Spearman ρ between predicted and measured step time, and per scenario (net, workers,
 rate) whether the predicted best strategy is the measured best.
 
@@ -230,15 +232,24 @@ def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
         "measured_step_s": m["step_time_s"], "measured_throughput": m["throughput_samples_per_s"],
         "measured_bytes_per_step": m["bytes_per_step"]["total"], "wall_s": wall,
     }
+    if "cpu_cores_busy" in m:  # how busy the run kept the shared cores (metrics.py: CPU time over wall time)
+        row["measured_cpu_cores"] = m["cpu_cores_busy"]
+        row["measured_cpu_cores_by_role"] = {k: b["cpu_cores"] for k, b in m["breakdown"].items()}
     return row
 
 
 def merge_runs(first: dict, again: dict) -> dict:
     """One row from two runs of a configuration: the measured step is the mean of the runs'
-    (``measured_runs_s`` keeps each), throughput from it, steps and wall time summed."""
+    (``measured_runs_s`` keeps each), throughput from it, steps and wall time summed; the cores
+    busy the mean of the runs'."""
     runs = [*first.get("measured_runs_s", [first["measured_step_s"]]), again["measured_step_s"]]
     step = statistics.fmean(runs)
-    return {**first, "measured_runs_s": runs, "measured_step_s": step,
+    cpu = {}
+    if "measured_cpu_cores" in first and "measured_cpu_cores" in again:
+        cpu["measured_cpu_cores"] = (first["measured_cpu_cores"] + again["measured_cpu_cores"]) / 2
+        cpu["measured_cpu_cores_by_role"] = {k: (v + again["measured_cpu_cores_by_role"].get(k, v)) / 2
+                                             for k, v in first["measured_cpu_cores_by_role"].items()}
+    return {**first, **cpu, "measured_runs_s": runs, "measured_step_s": step,
             "measured_throughput": first["global_batch"] / step if step > 0 else 0.0,
             "steps_measured": first["steps_measured"] + again["steps_measured"], "wall_s": first["wall_s"] + again["wall_s"]}
 
@@ -280,6 +291,9 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         "predicted_bytes_per_step": pred["bytes_per_step"]["total"], "bottleneck": pred["bottleneck"],
         "link_efficiency": cluster.nic.efficiency, "link_duplex_efficiency": cluster.nic.duplex_efficiency,
         "link_flow_lead_bytes": cluster.nic.flow_lead_bytes,
+        # the engine's shared cores busy (its load over the capacity) as cores of CPU time, as the run counts them
+        "predicted_cpu_cores": pred["utilization"]["shared cores"] * cluster.shared_cores
+        if cluster.shared_cores and "shared cores" in pred["utilization"] else None,
     }
 
 
@@ -657,12 +671,15 @@ def print_rows(rows: Iterable[dict], con=None) -> None:
 
     con = con or console()
     t = Table(title="predicted vs measured (median step after warm-up)")
-    for col in ("net", "workers", "rate", "strategy", "measured", "predicted", "error", "presets", "lower bound", "efficiency"):
+    for col in ("net", "workers", "rate", "strategy", "measured", "predicted", "error", "presets", "lower bound", "efficiency",
+                "cores busy"):
         t.add_column(col, justify="left" if col in ("net", "strategy", "rate") else "right")
     for r in rows:
+        cores = [r.get("measured_cpu_cores"), r.get("predicted_cpu_cores")]
         t.add_row(r["model"], str(r["workers"]), r["rate"], r.get("label", r["strategy"]), units.format_seconds(r["measured_step_s"]),
                   units.format_seconds(r["predicted_step_s"]), f"{100 * r['error']:+.1f}%", f"{100 * r['preset_error']:+.1f}%",
-                  units.format_seconds(r["lower_bound_s"]), f"{100 * r['efficiency']:.0f}%")
+                  units.format_seconds(r["lower_bound_s"]), f"{100 * r['efficiency']:.0f}%",
+                  " / ".join("–" if c is None else f"{c:.2f}" for c in cores))
     con.print(t)
 
 

@@ -274,7 +274,8 @@ def run_train(args: argparse.Namespace, predictor: Callable[[Any, dict], dict] |
 def attach_prediction(measurement: dict, prediction: dict) -> dict:
     """Measured, predicted and relative error side by side: adds ``prediction`` (as given) and
     ``comparison`` {quantity: {measured, predicted, rel_error}} for step time, throughput, total
-    bytes per step and per-role compute/comm time where both sides have them."""
+    bytes per step, per-role compute/comm time and the shared cores kept busy (on a cluster whose
+    nodes share cores: the engine's load on them as cores of CPU time) where both sides have them."""
     out = dict(measurement)
     out["prediction"] = prediction
     rows: dict[str, dict[str, float | None]] = {}
@@ -296,6 +297,10 @@ def attach_prediction(measurement: dict, prediction: dict) -> dict:
         pr = (prediction.get("breakdown") or {}).get(role) or {}
         for k in ("compute_s", "comm_s"):
             add(f"breakdown.{role}.{k}", b.get(k), pr.get(k))
+    cores = (prediction.get("cluster") or {}).get("shared_cores")
+    busy = (prediction.get("utilization") or {}).get("shared cores")
+    if cores and busy is not None:
+        add("cpu_cores_busy", measurement.get("cpu_cores_busy"), busy * cores)
     out["comparison"] = rows
     return out
 
@@ -322,7 +327,7 @@ def print_summary(m: dict) -> None:
         con.print(f"staleness per conv update (other groups' updates between pull and push): median {st['median']:g}, "
                   f"mean {st['mean']:.2f} (g − 1 = {st['expected']}), max {st['max']}; histogram {{{hist}}}")
     t = Table(title="per role, per rank, per step")
-    for col in ("role", "ranks", "sent", "received", "compute", "comm"):
+    for col in ("role", "ranks", "sent", "received", "compute", "comm", "CPU (cores)"):
         t.add_column(col, justify="left" if col == "role" else "right")
     rows: dict[str, list[dict]] = {}
     for r in m["bytes_per_step"]["per_rank"]:
@@ -331,7 +336,8 @@ def print_summary(m: dict) -> None:
         b = m["breakdown"][role]
         recv = sum(r["recv"] for r in rs) / len(rs)
         t.add_row(role, str(len(rs)), units.format_bytes(m["bytes_per_step"]["per_role"][role]),
-                  units.format_bytes(recv), units.format_seconds(b["compute_s"]), units.format_seconds(b["comm_s"]))
+                  units.format_bytes(recv), units.format_seconds(b["compute_s"]), units.format_seconds(b["comm_s"]),
+                  f"{b['cpu_cores']:.2f}" if "cpu_cores" in b else "–")
     con.print(t)
     if m.get("comparison"):
         c = Table(title="measured vs predicted")

@@ -1,8 +1,9 @@
 """What a run measures, per rank and per step, and the Measurement it adds up to.
 
 Per step and rank: wall time, compute time (forward, backward, optimizer, packing), communication
-time (time spent blocked in ``wait()`` or inside a collective), bytes sent and received, and the
-rank's part of the loss (the parts of one step sum to the global-batch mean loss).
+time (time spent blocked in ``wait()`` or inside a collective), CPU time (the whole process's, all
+threads: gloo's, DDP's reducer, a server's waiters — ``time.process_time``), bytes sent and
+received, and the rank's part of the loss (the parts of one step sum to the global-batch mean loss).
 
 Bytes-counting rule (what the roles are *asked* to move, not TCP wire bytes):
 - point to point: ``numel · element_size`` of every tensor a rank sends / receives;
@@ -18,8 +19,10 @@ global_batch, steps (run in this process: [first, last]), warmup_steps, step_tim
 the steps after warm-up of the ranks' mean step wall time; asynchronous compute groups: the round
 time their measured throughput gives, ``_group_round_s``), throughput_samples_per_s,
 bytes_per_step {total, per_role {kind: sent bytes per rank per step}, per_rank [...]},
-breakdown {kind: {compute_s, comm_s}} (per step, median after warm-up, mean over the ranks of the
-kind), bottleneck (the kind with the largest compute time), loss [per step], step_times_s (the
+breakdown {kind: {compute_s, comm_s, cpu_cores}} (per step, median after warm-up, mean over the
+ranks of the kind; ``cpu_cores``: the rank's CPU time over its wall time in the steps after
+warm-up, the cores it kept busy), cpu_cores_busy (their sum over every rank: on shared cores,
+against the cores there are, how busy the run kept them), bottleneck (the kind with the largest compute time), loss [per step], step_times_s (the
 ranks' mean wall of each step),
 checkpoint_bytes_sent; plus whatever a role adds to ``Meter.extra`` (groups: ``staleness`` and
 ``group_updates``, see ``roles/groups.py``).
@@ -59,19 +62,22 @@ class Meter:
         self.records: list[dict[str, Any]] = []
         self._cur: dict[str, Any] | None = None
         self._t0 = 0.0
+        self._cpu0 = 0.0
         self.checkpoint_bytes_sent = 0
         self.step_losses: dict[int, float] = {}
         self.extra: dict[str, Any] = {}
         """Strategy results that go into the Measurement under their own keys (rank-unique keys)."""
 
     def start_step(self, step: int) -> None:
-        self._cur = {"step": step, "wall_s": 0.0, "compute_s": 0.0, "comm_s": 0.0, "sent_bytes": 0,
+        self._cur = {"step": step, "wall_s": 0.0, "compute_s": 0.0, "comm_s": 0.0, "cpu_s": 0.0, "sent_bytes": 0,
                      "recv_bytes": 0, "loss": None}
         self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
 
     def end_step(self) -> dict[str, Any]:
         assert self._cur is not None
         self._cur["wall_s"] = time.perf_counter() - self._t0
+        self._cur["cpu_s"] = time.process_time() - self._cpu0
         rec, self._cur = self._cur, None
         self.records.append(rec)
         return rec
@@ -160,6 +166,13 @@ def _group_round_s(fragments: list[dict[str, Any]], roles: dict, measured: set[i
     return len(members) / inverse
 
 
+def cpu_cores(records: list[dict[str, Any]]) -> float:
+    """The cores a rank kept busy over ``records``: its CPU time over its wall time (records of an
+    older layerplan, without ``cpu_s``, read 0)."""
+    wall = sum(r["wall_s"] for r in records)
+    return sum(r.get("cpu_s", 0.0) for r in records) / wall if wall > 0 else 0.0
+
+
 def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, global_batch: int) -> dict[str, Any]:
     """Merge every rank's fragment into the Measurement dict (see the module docstring)."""
     fragments = sorted(fragments, key=lambda f: f["rank"])
@@ -189,12 +202,14 @@ def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, gl
                "sent": int(_median([r["sent_bytes"] for r in recs])),
                "recv": int(_median([r["recv_bytes"] for r in recs])),
                "compute_s": _median([r["compute_s"] for r in recs]),
-               "comm_s": _median([r["comm_s"] for r in recs])}
+               "comm_s": _median([r["comm_s"] for r in recs]),
+               "cpu_cores": cpu_cores(recs)}
         per_rank.append(row)
         kinds.setdefault(f["kind"], []).append(row)
     per_role = {k: int(round(statistics.fmean(r["sent"] for r in rows))) for k, rows in kinds.items()}
     breakdown = {k: {"compute_s": statistics.fmean(r["compute_s"] for r in rows),
-                     "comm_s": statistics.fmean(r["comm_s"] for r in rows)} for k, rows in kinds.items()}
+                     "comm_s": statistics.fmean(r["comm_s"] for r in rows),
+                     "cpu_cores": statistics.fmean(r["cpu_cores"] for r in rows)} for k, rows in kinds.items()}
     bottleneck = max(breakdown, key=lambda k: breakdown[k]["compute_s"]) if breakdown else None
     extra = {k: v for f in fragments for k, v in (f.get("extra") or {}).items()}
     return {
@@ -216,6 +231,7 @@ def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, gl
         "throughput_samples_per_s": global_batch / step_time if step_time > 0 else 0.0,
         "bytes_per_step": {"total": sum(r["sent"] for r in per_rank), "per_role": per_role, "per_rank": per_rank},
         "breakdown": breakdown,
+        "cpu_cores_busy": sum(r["cpu_cores"] for r in per_rank),
         "bottleneck": bottleneck,
         "loss": losses,
         "step_times_s": step_times,
