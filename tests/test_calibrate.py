@@ -109,7 +109,9 @@ def fake_result(on="emulated", eff=0.62, payload=119.5e6):
                  **({"efficiency": s([payload / 125e6])} if on == "emulated" else {}),
                  "allreduce": {"2": {"bytes": 2**24, "bus_bytes_per_s": s([118e6]), "vs_p2p": s([0.99]),
                                      **({"efficiency": s([0.944])} if on == "emulated" else {})}}},
-        "rounds": {"bytes": 4096, "round_s": {"2": s([0.15e-3]), "4": s([0.75e-3])}, "oversubscribed_wait_s": 0.6e-3},
+        "rounds": {"bytes": 4096, "round_s": {"2": s([0.15e-3]), "4": s([0.75e-3])}, "oversubscribed_wait_s": 0.6e-3,
+                   "messages": {"ranks": 4, "burst_cpu_s": 0.035, "cpu_s_per_end": s([0.5e-3, 0.6e-3]),
+                                "oversubscribed_message_cpu_s": 0.55e-3}},
         "synchronized_steps": {"processes": [1, 2, 4], "cores": 2, "batch": 16,
                                "per_net": {"resnet_cifar": {"capacity": s([1.8, 1.82]), "oversubscribed_capacity": s([1.7]),
                                                             "collective_wait_s": s([1.1e-3, 0.9e-3])}},
@@ -130,6 +132,7 @@ def test_cluster_file_round_trips_through_the_loader_and_the_cli(tmp_path, capsy
     assert spec.device.compute_efficiency == pytest.approx(result["compute"]["compute_efficiency"]["median"])
     assert spec.shared_cores == 2 and spec.nodes == 3 and spec.device.kind == "cpu"
     assert spec.oversubscribed_wait_s == pytest.approx(0.6e-3)
+    assert spec.oversubscribed_message_cpu_s == pytest.approx(0.55e-3)
     assert spec.shared_core_capacity == pytest.approx(1.81)  # the cores' worth of steps in lockstep
     assert spec.oversubscribed_core_capacity == pytest.approx(1.7)
     assert spec.collective_wait_s == pytest.approx(1e-3)  # one more collective a step in lockstep
@@ -202,6 +205,19 @@ def test_a_ring_round_with_more_ranks_than_cores_is_measured(tmp_path):
     assert out["oversubscribed_wait_s"] == pytest.approx(
         max(0.0, out["round_s"]["4"]["median"] - out["round_s"]["2"]["median"]))
     assert calibrate.measure_rounds(1, 1, tmp_path)["oversubscribed_wait_s"] == 0.0  # one count: no difference
+
+
+def test_a_messages_cpu_on_oversubscribed_cores_is_measured(tmp_path, monkeypatch):
+    """Twice as many ranks as cores in pairs, a burst of compute and a round trip each: every
+    rank's CPU beyond its bursts per message end, each repeat; the median is the cluster's figure
+    (never negative; nothing measured past 8 cores)."""
+    monkeypatch.setattr(calibrate, "MESSAGE_ROUNDTRIPS", 4)
+    monkeypatch.setattr(calibrate, "MESSAGE_BURST_MATMULS", 4)
+    monkeypatch.setattr(calibrate, "MESSAGE_REPEATS", 2)
+    out = calibrate.measure_message_cpu(2, 1, tmp_path)
+    assert out["ranks"] == 4 and len(out["cpu_s_per_end"]["values"]) == 4 * 2 and out["burst_cpu_s"] > 0
+    assert out["oversubscribed_message_cpu_s"] == max(0.0, out["cpu_s_per_end"]["median"])
+    assert calibrate.measure_message_cpu(16, 1, tmp_path)["oversubscribed_message_cpu_s"] == 0.0
 
 
 def test_steps_in_lockstep_give_the_shared_core_capacities():

@@ -327,6 +327,24 @@ def test_more_ranks_than_cores_wait_at_every_round_and_message():
         replace(c, oversubscribed_wait_s=-1.0)
 
 
+def test_a_message_costs_cpu_at_each_end_on_oversubscribed_cores():
+    """oversubscribed_message_cpu_s: each node that sends or receives a transfer spends it on the
+    shared cores, when the step's nodes outnumber them (and only then), slowing compute beside it."""
+    c = replace(cluster(bandwidth=1e12, latency=0.0, nodes=8, shared_cores=2), oversubscribed_message_cpu_s=1e-3)
+    msg = Transfer(name="t", src="a", dst="b", bytes_per_flow=1e3, pattern="spread")
+    alone = StepGraph(groups={"a": 2, "b": 1}, samples_per_step=1, tasks=(msg,))
+    # 2 senders and 1 receiver: 3 ms of CPU on the 2 cores, where the bytes take a nanosecond
+    assert simulate(alone, c).step_time_s == pytest.approx(1.5e-3, rel=1e-3)
+    assert simulate(alone, replace(c, shared_cores=3)).step_time_s < 1e-6  # 3 nodes on 3 cores: not charged
+    assert simulate(alone, replace(c, oversubscribed_message_cpu_s=0.0)).step_time_s < 1e-6
+    beside = StepGraph(groups={"a": 2, "b": 1, "w": 1}, samples_per_step=1, tasks=(
+        msg, Compute(name="c", group="w", seconds=1.0)))
+    assert simulate(beside, replace(c, oversubscribed_message_cpu_s=0.0)).step_time_s == pytest.approx(1.0)
+    assert simulate(beside, c).step_time_s > 1.0  # the message's CPU took a share of a core from the compute
+    with pytest.raises(SpecError, match="oversubscribed_message_cpu_s"):
+        replace(c, oversubscribed_message_cpu_s=-1.0)
+
+
 def test_every_collective_call_waits_on_shared_cores():
     """collective_wait_s is added once to every collective call of two or more nodes on shared
     cores (not per round, not to messages, not without shared cores)."""

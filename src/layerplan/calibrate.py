@@ -24,13 +24,16 @@ What is measured, each ``repeats`` times (every figure: median and spread = (max
   ``efficiency`` = payload rate / the cluster's configured line rate.
 - **ring rounds**: a small all-reduce among as many processes as cores and twice as many
   (``oversubscribed_wait_s``).
+- **messages on oversubscribed cores** (``measure_message_cpu``): twice as many ranks as cores in
+  pairs, each a burst of compute then a round trip with its partner: the CPU a message costs at
+  each end beyond its bytes (``oversubscribed_message_cpu_s``).
 - **training steps in lockstep** (``measure_synchronized_steps``): whole training steps of the
   profiled nets (else alexnet_cifar, vgg16_cifar, resnet_cifar) alone, then one process per core
   and two per core with a barrier after every step: the cores' worth distributed steps get
   (``shared_core_capacity``, ``oversubscribed_core_capacity``).
 
 The CLI (``layerplan calibrate``) is a thin wrapper; the worker processes are this module:
-``python -m layerplan.calibrate compute|link|profile|rounds|steps --config JSON``.
+``python -m layerplan.calibrate compute|link|profile|rounds|messages|steps --config JSON``.
 """
 
 from __future__ import annotations
@@ -431,6 +434,45 @@ def measure_rounds(cores: int, repeats: int, log_dir: Path) -> dict:
     return out
 
 
+MESSAGE_ROUNDTRIPS = 30
+"""Round trips each pair of ``measure_message_cpu``'s ranks makes per repeat (after one warm-up repeat)."""
+MESSAGE_REPEATS = 3
+"""``measure_message_cpu`` repeats at least this often: a repeat's figure moves by ±50% here."""
+MESSAGE_BURST_MATMULS = 75
+"""Products of two 256×256 matrices each rank computes before each round trip: 35 ms here, the
+compute of resnet_cifar's step at batch 16 between its messages. The figure depends on it: the
+median over ranks read 1.0-1.4 ms an end after bursts of 20 ms, 0.5-1 ms after 35 ms."""
+
+
+def measure_message_cpu(cores: int, repeats: int, log_dir: Path) -> dict:
+    """The CPU a point-to-point message costs at each end on oversubscribed cores
+    (``ClusterSpec.oversubscribed_message_cpu_s``): twice as many ranks as cores over loopback, in
+    pairs, each rank a burst of compute then a round trip of a small message with its partner —
+    the pattern of a training step's ranks. A rank's CPU time beyond its bursts' over its round
+    trips, halved (a round trip is one send and one receive at each end), is its figure of a
+    repeat; the result is the median over ranks and repeats. With the cores free a message costs
+    next to nothing (0.05 ms an end here); with each core shared by two ranks, a rank blocks while
+    its partner waits for a core and pays on waking (0.4-1 ms an end here, from one calibration to
+    the next). Not measured (0) on machines of over 8 cores, as ``round_ranks``."""
+    from layerplan.runtime.launch import free_port
+
+    if cores > 8:
+        return {"ranks": 0, "oversubscribed_message_cpu_s": 0.0}
+    n, repeats = 2 * cores, max(repeats, MESSAGE_REPEATS)
+    cfg = {"repeats": repeats, "roundtrips": MESSAGE_ROUNDTRIPS, "burst": MESSAGE_BURST_MATMULS, "timeout_s": 60.0}
+    procs = _Procs([_worker_argv("messages", cfg)] * n, _loopback_envs(n, free_port()), log_dir)
+    try:
+        got = procs.expect("messages", n)
+        procs.expect("done", n)
+    finally:
+        procs.close()
+    # each rank's figure of each repeat, their median: a rank preempted in the middle of its waits
+    # reads several times the others (0.2-2.9 ms in one run)
+    row = spread([v for i in range(n) for v in got[i]["cpu_s_per_end"]])
+    return {"ranks": n, "burst_cpu_s": statistics.fmean(got[i]["burst_cpu_s"] for i in range(n)),
+            "cpu_s_per_end": row, "oversubscribed_message_cpu_s": max(0.0, row["median"])}
+
+
 SYNC_NETS = ("alexnet_cifar", "vgg16_cifar", "resnet_cifar")
 """Whose training steps ``measure_synchronized_steps`` times when no nets are profiled."""
 SYNC_MIN_STEPS = 6
@@ -624,6 +666,42 @@ def _rounds_worker(cfg: dict) -> None:
     _emit(event="done")
 
 
+def _messages_worker(cfg: dict) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg["timeout_s"]))
+    x, msg, peer, trips = torch.randn(256, 256), torch.zeros(16), rank ^ 1, cfg["roundtrips"]
+    per_end, bursts = [], []
+    for rep in range(cfg["repeats"] + 1):  # the first is a warm-up
+        dist.barrier()
+        work = 0.0
+        start = time.process_time()
+        for i in range(trips):
+            t0 = time.process_time()
+            for _ in range(cfg["burst"]):
+                torch.tanh(x @ x)
+            work += time.process_time() - t0
+            tg = rep * trips + i
+            if rank % 2 == 0:
+                dist.isend(msg, peer, tag=tg).wait()
+                dist.irecv(msg, peer, tag=tg).wait()
+            else:
+                dist.irecv(msg, peer, tag=tg).wait()
+                dist.isend(msg, peer, tag=tg).wait()
+        if rep:
+            per_end.append((time.process_time() - start - work) / trips / 2)
+            bursts.append(work / trips)
+    _emit(event="messages", cpu_s_per_end=per_end, burst_cpu_s=statistics.fmean(bursts))
+    dist.barrier()
+    _emit(event="done")
+
+
 def _link_section(on: str, name: str, cfg: dict, log_dir: Path, advance, ranks: int = 3) -> dict:
     from layerplan.runtime import emulate
     from layerplan.runtime.launch import free_port
@@ -737,6 +815,10 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
         if bar is not None:
             bar.update(task, description=f"ring rounds: {' and '.join(map(str, round_ranks(cores)))} ranks")
         rounds = measure_rounds(cores, repeats, log_dir / "rounds")
+        (log_dir / "messages").mkdir(exist_ok=True)
+        if bar is not None:
+            bar.update(task, description=f"messages: {2 * cores} ranks in pairs on {cores} cores")
+        rounds["messages"] = measure_message_cpu(cores, repeats, log_dir / "messages")
         sync_cfg = synchronized_steps_config(profile, repeats, quick)
         if bar is not None:
             bar.update(task, description=f"synchronized training steps, 1, {cores} and {2 * cores} processes: "
@@ -884,6 +966,8 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
                                 comm_cpu_s_per_byte=comm_cpu, reduce_cpu_s_per_byte=reduce_cpu,
                                 shared_core_capacity=capacity, oversubscribed_core_capacity=over,
                                 oversubscribed_wait_s=(result.get("rounds") or {}).get("oversubscribed_wait_s", 0.0),
+                                oversubscribed_message_cpu_s=((result.get("rounds") or {}).get("messages") or {}).get(
+                                    "oversubscribed_message_cpu_s", 0.0),
                                 collective_wait_s=wait)
 
 
@@ -956,6 +1040,12 @@ def summary_lines(result: dict) -> list[str]:
             f"{units.format_seconds(row['median'])} with {n} ranks" for n, row in rounds["round_s"].items())
             + f" on {result['machine']['cores']} cores: oversubscribed_wait_s "
               f"{units.format_seconds(rounds['oversubscribed_wait_s'])}")
+    msgs = rounds.get("messages") or {}
+    if msgs.get("ranks"):
+        lines.append(f"a message between {msgs['ranks']} ranks in pairs on {result['machine']['cores']} cores, after "
+                     f"{units.format_seconds(msgs['burst_cpu_s'])} of compute each: "
+                     f"{f(msgs['cpu_s_per_end'], units.format_seconds)} of CPU at each end "
+                     f"(oversubscribed_message_cpu_s)")
     sync = result.get("synchronized_steps") or {}
     if sync.get("capacity"):
         lines.append(f"training steps in lockstep (a barrier each), against one process alone: {sync['cores']} processes "
@@ -1588,12 +1678,12 @@ def _main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m layerplan.calibrate", description="a calibration benchmark process")
-    ap.add_argument("kind", choices=("compute", "link", "profile", "rounds", "steps"))
+    ap.add_argument("kind", choices=("compute", "link", "profile", "rounds", "messages", "steps"))
     ap.add_argument("--config", required=True)
     args = ap.parse_args(argv)
     cfg = json.loads(args.config)
     {"compute": _compute_worker, "link": _link_worker, "profile": _profile_worker, "rounds": _rounds_worker,
-     "steps": _steps_worker}[args.kind](cfg)
+     "messages": _messages_worker, "steps": _steps_worker}[args.kind](cfg)
     return 0
 
 

@@ -278,6 +278,16 @@ class ClusterSpec:
     core, and gloo's waiting ranks poll. ``layerplan calibrate`` times a small all-reduce with as
     many ranks as cores and with twice as many (here: 0.15 ms a ring round with 2 ranks on 2
     cores, 0.75-0.8 ms with 4). 0: not modelled."""
+    oversubscribed_message_cpu_s: float = 0.0
+    """With shared_cores: CPU seconds a point-to-point message costs at each end — each node that
+    sends a transfer and each that receives it — when a step's ranks outnumber the cores, drawn
+    from the shared cores like compute. A rank that blocks on a message and wakes on a core other
+    processes keep busy spends CPU beyond the message's bytes: here 0.05 ms an end with 2 ranks on
+    the 2 cores, 0.4-1 ms with 4; resnet_cifar's runs counted 1-7 ms of CPU a step per rank beyond
+    compute and bytes (Omnivore's 4 groups of one machine at 1 Gbit/s: 7 ms on each server).
+    ``layerplan calibrate`` times pairs of ranks, twice as many as cores, exchanging a message
+    after each burst of compute. A collective's calls are ``collective_wait_s``'s (timed whole,
+    their CPU with them). 0: not modelled."""
     collective_wait_s: float = 0.0
     """With shared_cores: seconds every collective call (an all-reduce, a broadcast) adds to a
     training step beyond its rounds' latency and its bytes. The ranks meet at each call, so each
@@ -306,7 +316,8 @@ class ClusterSpec:
                                  or not math.isfinite(over) or not 0 < over <= self.shared_cores):
             raise SpecError(f"cluster {self.name!r}: oversubscribed_core_capacity must be a number in (0, shared_cores] "
                             f"with shared_cores set, got {over!r}")
-        for f in ("comm_cpu_s_per_byte", "reduce_cpu_s_per_byte", "oversubscribed_wait_s", "collective_wait_s"):
+        for f in ("comm_cpu_s_per_byte", "reduce_cpu_s_per_byte", "oversubscribed_wait_s", "oversubscribed_message_cpu_s",
+                  "collective_wait_s"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise SpecError(f"cluster {self.name!r}: {f} must be a non-negative number of seconds, got {v!r}")
@@ -328,6 +339,7 @@ class ClusterSpec:
             "shared_core_capacity": self.shared_core_capacity,
             "oversubscribed_core_capacity": self.oversubscribed_core_capacity,
             "oversubscribed_wait_s": self.oversubscribed_wait_s,
+            "oversubscribed_message_cpu_s": self.oversubscribed_message_cpu_s,
             "collective_wait_s": self.collective_wait_s,
         }
 

@@ -176,6 +176,8 @@ def print_cluster(c) -> None:
               + ("" if not c.oversubscribed_wait_s else
                  f"; with more ranks than cores each ring round or message waits "
                  f"{units.format_seconds(c.oversubscribed_wait_s)} more")
+              + ("" if not c.oversubscribed_message_cpu_s else
+                 f"; each end of a message costs {units.format_seconds(c.oversubscribed_message_cpu_s)} of CPU")
               + ("" if not c.collective_wait_s else
                  f"; each collective call adds {units.format_seconds(c.collective_wait_s)} to a step"))
     console().print(t)

@@ -366,6 +366,7 @@ def calibrated_for(emu, calibrated: hardware.ClusterSpec) -> hardware.ClusterSpe
     base = replace(base, comm_cpu_s_per_byte=calibrated.comm_cpu_s_per_byte,
                    reduce_cpu_s_per_byte=calibrated.reduce_cpu_s_per_byte, shared_core_capacity=cap,
                    oversubscribed_core_capacity=over, oversubscribed_wait_s=calibrated.oversubscribed_wait_s,
+                   oversubscribed_message_cpu_s=calibrated.oversubscribed_message_cpu_s,
                    collective_wait_s=calibrated.collective_wait_s)
     if not calibrated.name.startswith("emulated"):  # a local calibration knows loopback, not these links
         return base

@@ -27,7 +27,9 @@ workers is four tasks, not a million flows.
   take cores away from compute. Every collective call also waits ``collective_wait_s`` (its ranks
   meet: the step goes at the slowest rank's pace since the last call, and gloo's threads wake on
   cores busy with compute); with more nodes in the step than shared cores, every collective round
-  and every message also waits ``oversubscribed_wait_s`` (its receiver may be off its core), and
+  and every message also waits ``oversubscribed_wait_s`` (its receiver may be off its core), each
+  node that sends or receives a transfer spends ``oversubscribed_message_cpu_s`` of CPU on it (it
+  blocks and wakes on a busy core), and
   while more compute threads run than there are cores, the cores give
   ``oversubscribed_core_capacity`` (time slicing: each switch refills the caches).
 - ``Transfer(src, dst, bytes_per_flow, pattern)``: a class of flows between two groups.
@@ -543,8 +545,10 @@ def _is_network(t) -> bool:
 def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int], cluster: ClusterSpec,
              res: _Resources) -> list[_Act]:
     lat_s = cluster.nic.latency_s
+    message_cpu_s = 0.0  # CPU per message end (ClusterSpec.oversubscribed_message_cpu_s)
     if cluster.shared_cores is not None and sum(groups.values()) > cluster.shared_cores:
         lat_s += cluster.oversubscribed_wait_s  # more ranks than cores: a message waits for its receiver's turn
+        message_cpu_s = cluster.oversubscribed_message_cpu_s
     index = {t.name: i for i, t in enumerate(tasks)}
     acts: list[_Act] = []
     for i, t in enumerate(tasks):
@@ -571,8 +575,11 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                         coefs += [(res.both[t.src], float(out_f)), (res.both[t.dst], float(in_f))]
                     if res.switch is not None:
                         coefs.append((res.switch, float(total_f)))
-                    if res.cores is not None and cluster.comm_cpu_s_per_byte > 0:  # both ends' CPU, every flow
-                        coefs.append((res.cores, 2.0 * cluster.comm_cpu_s_per_byte * total_f))
+                    if res.cores is not None and (cluster.comm_cpu_s_per_byte > 0 or message_cpu_s > 0):
+                        # both ends' CPU: every byte of every flow, and on oversubscribed cores every
+                        # node that sends or receives the transfer once (it blocks and wakes once)
+                        ends = (groups[t.src] if out_f else 0) + (groups[t.dst] if in_f else 0)
+                        coefs.append((res.cores, 2.0 * cluster.comm_cpu_s_per_byte * total_f + message_cpu_s * ends / amount))
                         threads = 2.0 * total_f
                 total = t.bytes_per_flow * total_f
                 sent[t.src] = total
