@@ -5,9 +5,9 @@ Per configuration: the median step after warm-up (runtime), the prediction with 
 cluster and with presets only, the error (predicted − measured) / measured, the lower bound
 max(compute, bytes / bandwidth) and the measured efficiency against it, and how busy the run kept
 the shared cores (every rank's CPU time over its wall time, summed) against the engine's shared
-cores busy — where the two part, the model has the CPU's work wrong, not the network's. Summary: median, p90 and
-max |error|, Spearman ρ between predicted and measured step time, and per scenario (net, workers,
-rate) whether the predicted best strategy is the measured best.
+cores busy — where the two part, the model has the CPU's work wrong, not the network's. Summary:
+median, p90 and max |error|, Spearman ρ between predicted and measured step time, and per scenario
+(net, workers, rate) whether the predicted best strategy is the measured best.
 
 The full matrix also runs Omnivore's compute groups (N = workers conv machines + the merged FC
 server + the conv model server) for several g dividing N; a groups row's step is one round (each
@@ -673,7 +673,7 @@ def print_rows(rows: Iterable[dict], con=None) -> None:
     con = con or console()
     t = Table(title="predicted vs measured (median step after warm-up)")
     for col in ("net", "workers", "rate", "strategy", "measured", "predicted", "error", "presets", "lower bound", "efficiency",
-                "cores busy"):
+                "cores busy (meas / pred)"):
         t.add_column(col, justify="left" if col in ("net", "strategy", "rate") else "right")
     for r in rows:
         cores = [r.get("measured_cpu_cores"), r.get("predicted_cpu_cores")]

@@ -22,8 +22,8 @@ bytes_per_step {total, per_role {kind: sent bytes per rank per step}, per_rank [
 breakdown {kind: {compute_s, comm_s, cpu_cores}} (per step, median after warm-up, mean over the
 ranks of the kind; ``cpu_cores``: the rank's CPU time over its wall time in the steps after
 warm-up, the cores it kept busy), cpu_cores_busy (their sum over every rank: on shared cores,
-against the cores there are, how busy the run kept them), bottleneck (the kind with the largest compute time), loss [per step], step_times_s (the
-ranks' mean wall of each step),
+against the cores there are, how busy the run kept them), bottleneck (the kind with the largest
+compute time), loss [per step], step_times_s (the ranks' mean wall of each step),
 checkpoint_bytes_sent; plus whatever a role adds to ``Meter.extra`` (groups: ``staleness`` and
 ``group_updates``, see ``roles/groups.py``).
 
