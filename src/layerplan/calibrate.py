@@ -1682,6 +1682,9 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True)
     args = ap.parse_args(argv)
     cfg = json.loads(args.config)
+    from layerplan.runtime.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the ranks run (runtime/allocator.py)
     {"compute": _compute_worker, "link": _link_worker, "profile": _profile_worker, "rounds": _rounds_worker,
      "messages": _messages_worker, "steps": _steps_worker}[args.kind](cfg)
     return 0

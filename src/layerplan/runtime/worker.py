@@ -126,6 +126,9 @@ def main(argv=None) -> int:
     ap.add_argument("--run-dir", default=os.environ.get("LAYERPLAN_RUN_DIR"), help="heartbeat files for the launcher")
     args = ap.parse_args(argv)
 
+    from layerplan.runtime.allocator import keep_freed_memory
+
+    keep_freed_memory()  # before the model and its gradients are allocated
     import torch
     import torch.distributed as dist
 
