@@ -248,7 +248,8 @@ def test_training_steps_alone_in_lockstep_and_two_per_core_are_timed(tmp_path):
     assert out["processes"] == [1, 2, 4] and set(out["per_net"]) == {"resnet_cifar"}
     for k in ("capacity", "oversubscribed_capacity"):
         assert len(out[k]["values"]) == cfg["repeats"] and all(0 < v < 4 for v in out[k]["values"])
-    # one more small all-reduce a step, SYNC_WAIT_PAIRS times a repeat: differences of two step times, noisy, but well under a step
+    # SYNC_EXTRA_CALLS more small all-reduces a step, SYNC_WAIT_PAIRS times a repeat: differences of two step
+    # times over the calls, noisy, but well under a step
     assert len(out["collective_wait_s"]["values"]) == cfg["repeats"] * calibrate.SYNC_WAIT_PAIRS
     assert all(abs(v) < 0.03 for v in out["collective_wait_s"]["values"])
     assert calibrate.measure_synchronized_steps(16, cfg, tmp_path) == {}  # many cores: not measured

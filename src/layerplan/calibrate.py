@@ -481,7 +481,7 @@ SYNC_EXTRA_BYTES = 4096
 """The small all-reduce ``measure_synchronized_steps`` adds to a step (DDP's BatchNorm buffer
 broadcast of resnet_cifar is 5.6 kB)."""
 SYNC_WAIT_PAIRS = 3
-"""Windows in lockstep without and with the extra all-reduce, per repeat, on the nets timed for
+"""Windows in lockstep without and with the extra all-reduces, per repeat, on the nets timed for
 ``collective_wait_s``: the difference of one pair is noise-sized — six pairs of resnet_cifar in a row
 here read 1.38, 2.18, 1.46, 2.30, 1.57 and 0.04 ms, and a calibration of two (0.04 and 1.38: 0.7 ms)
 predicted its DDP rows at 10 Gbit/s 8-10% fast; the median of three pairs a repeat holds."""
@@ -492,10 +492,22 @@ take hundreds (one quick calibration here read −10.6 to +4.2 ms on alexnet_cif
 1.6 and 1.9 ms on resnet_cifar)."""
 
 
-def synchronized_steps_config(nets: Sequence[str] = (), repeats: int = 3, quick: bool = False) -> dict:
-    """What ``measure_synchronized_steps`` runs: nets, batch, the shortest window, repeats."""
+SYNC_EXTRA_CALLS = 3
+"""Small all-reduces the "with" windows add to a step, spread through its forward pass (before
+its first layer, a third and two thirds of the way through), as DDP's calls fall between its
+layers' compute; ``collective_wait_s`` is the difference over the calls. One call's 1-3 ms are
+the size of the windows' noise: six pairs with one call, resnet_cifar, read 0.26-4.1 ms a call
+(medians of two calibrations 1.7 and 2.3 ms; one validate's calibration read 1.06 ms and
+predicted DDP 9% fast at 10 Gbit/s, where another's 1.96 ms predicted it within 2%); with three,
+1.8-3.1 ms (medians 2.7 and 2.2 ms)."""
+
+
+def synchronized_steps_config(nets: Sequence[str] = (), repeats: int = 3, quick: bool = False,
+                              extra_calls: int = SYNC_EXTRA_CALLS) -> dict:
+    """What ``measure_synchronized_steps`` runs: nets, batch, the shortest window, repeats, the
+    extra calls a step of the "with" windows."""
     return {"nets": list(nets or SYNC_NETS), "batch": 16, "repeats": 2 if quick else max(2, min(repeats, 3)),
-            "window_s": 1.5 if quick else 2.5, "timeout_s": WORKER_TIMEOUT_S}
+            "window_s": 1.5 if quick else 2.5, "timeout_s": WORKER_TIMEOUT_S, "extra_calls": extra_calls}
 
 
 def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=None) -> dict:
@@ -508,10 +520,11 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
     read 1.77, its runs then predicted 4% fast): ``capacity`` = cores · alone / synchronized step, and
     ``oversubscribed_capacity`` = 2·cores · alone / oversubscribed step, in cores' worth
     (``ClusterSpec.shared_core_capacity`` and ``oversubscribed_core_capacity``). One process per
-    core is also timed with a small all-reduce before every step besides the barrier after it, as
-    DDP broadcasts its buffers: the difference is ``collective_wait_s``, what one more collective
-    call costs a step in lockstep (here 1.5-2.5 ms for resnet_cifar's 36 ms, where the call alone,
-    cores idle, takes 0.2-0.4 ms), on the nets of short steps (``SYNC_EXTRA_MAX_STEP_S``).
+    core is also timed with ``SYNC_EXTRA_CALLS`` small all-reduces spread through every step's
+    forward pass besides the barrier after it, as DDP broadcasts its buffers and all-reduces its
+    buckets between layers: the difference over the calls is ``collective_wait_s``, what one more
+    collective call costs a step in lockstep (here 1.5-2.7 ms for resnet_cifar's 36 ms, where the
+    call alone, cores idle, takes 0.2-0.4 ms), on the nets of short steps (``SYNC_EXTRA_MAX_STEP_S``).
 
     Both are below what independent benchmarks give. The cores are not equally free (the
     kernel's and other processes' work lands on one more than the other), and a synchronized step
@@ -549,9 +562,10 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
                 alone = (before + window(1)) / 2  # the machine's pace drifts: alone around the synchronized runs
                 caps.setdefault(net, []).append(cores * alone / sync)
                 overs.setdefault(net, []).append(n * alone / over)
+                calls = cfg.get("extra_calls", 1)
                 for _ in range(SYNC_WAIT_PAIRS if timed else 0):  # one process per core without, then with
-                    plain = window(cores)                              # one more small all-reduce a step
-                    waits.setdefault(net, []).append(window(cores, 1) - plain)
+                    plain = window(cores)                              # a few more small all-reduces a step
+                    waits.setdefault(net, []).append((window(cores, calls) - plain) / calls)
             procs.send("stop")
             procs.expect("done", n)
         finally:
@@ -606,21 +620,29 @@ def _steps_worker(cfg: dict) -> None:
     step()
     _emit(event="ready", step_s=time.perf_counter() - t0)
     tiny = torch.zeros(SYNC_EXTRA_BYTES // 4)
+    layers = [m for m in model.modules() if not list(m.children())]
+    calls: list = []  # (group, count) of the window running: the hooks' collective calls
+
+    def call(*_):
+        for group in calls:
+            dist.all_reduce(tiny, group=group)
+
+    for i in range(max(1, cfg.get("extra_calls", 1))):  # spread through the forward pass
+        layers[i * len(layers) // max(1, cfg.get("extra_calls", 1))].register_forward_pre_hook(call)
     while True:
         line = sys.stdin.readline().split()
         if not line or line[0] != "go":  # "stop" (or the parent gone) ends
             break
         window_s, k = float(line[1]), int(line[2])
-        extra = int(line[3]) if len(line) > 3 else 0  # more collective calls a step, before it (as DDP's broadcast)
+        extra = int(line[3]) if len(line) > 3 else 0  # with the extra calls (cfg["extra_calls"] hooks) or without
         group = None if k == 1 else first if k == cfg["cores"] else dist.group.WORLD
         if group is not None:
             dist.barrier(group=group)  # start together
         end = time.perf_counter() + window_s
         times: list[float] = []
+        calls[:] = [group] if extra and group is not None else []  # each hook: one call
         while True:
             t1 = time.perf_counter()
-            for _ in range(extra if group is not None else 0):
-                dist.all_reduce(tiny, group=group)
             step()
             over = len(times) >= 2 and time.perf_counter() >= end
             if group is not None:  # the step's synchronization, which also tells every rank rank 0's "over"
