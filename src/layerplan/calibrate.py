@@ -572,7 +572,7 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
             procs.close()
         if advance:
             advance()
-    return {"processes": [1, cores, n], "cores": cores, "batch": cfg["batch"],
+    return {"processes": [1, cores, n], "cores": cores, "batch": cfg["batch"], "extra_calls": cfg.get("extra_calls", 1),
             "per_net": {k: {"capacity": spread(caps[k]), "oversubscribed_capacity": spread(overs[k]),
                             **({"collective_wait_s": spread(waits[k])} if k in waits else {})} for k in caps},
             "capacity": spread([v for vs in caps.values() for v in vs]),
@@ -1076,8 +1076,10 @@ def summary_lines(result: dict) -> list[str]:
                          f"{k} {v['capacity']['median']:.2f}/{v['oversubscribed_capacity']['median']:.2f}"
                          for k, v in sync["per_net"].items()) + ")")
         if sync.get("collective_wait_s"):
-            lines.append(f"one more small all-reduce a step in lockstep: "
-                         f"{f(sync['collective_wait_s'], units.format_seconds)} more a step (collective_wait_s)")
+            calls = sync.get("extra_calls", 1)
+            lines.append(f"{calls} more small all-reduce{'s' if calls > 1 else ''} a step in lockstep, between its "
+                         f"layers: {f(sync['collective_wait_s'], units.format_seconds)} more a step each "
+                         "(collective_wait_s)")
     if result.get("profile"):
         p = result["profile"]
         lines.append(f"profiled {len(p['layers'])} distinct layers of {', '.join(p['nets'])} at batch "

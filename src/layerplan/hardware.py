@@ -293,9 +293,11 @@ class ClusterSpec:
     training step beyond its rounds' latency and its bytes. The ranks meet at each call, so each
     call stretches the step to its slowest rank's pace since the last one, and gloo's threads wake
     on cores busy with the step's compute. ``layerplan calibrate`` times training steps in lockstep
-    with one more small all-reduce a step than the lockstep baseline (which ``shared_core_capacity``
-    already holds), the median over pairs of such windows: here 1.5-2.5 ms for resnet_cifar over loopback; on the emulated links DDP's
-    BatchNorm buffer broadcast alone cost resnet_cifar's 2 ranks 1-2.5 ms a step. 0: not modelled."""
+    with three more small all-reduces a step, between the forward pass's layers, than the lockstep
+    baseline (which ``shared_core_capacity`` already holds), the difference over the calls, the
+    median over pairs of such windows: here 1.8-3.1 ms a call for resnet_cifar over loopback; on the
+    emulated links DDP's BatchNorm buffer broadcast alone cost resnet_cifar's 2 ranks 1-2.5 ms a
+    step. 0: not modelled."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
