@@ -666,3 +666,40 @@ def test_a_flows_share_weighs_it_against_the_others():
     for bad in (0.0, -1.0, math.inf, True, "2"):
         with pytest.raises(ConfigError, match="share"):
             Transfer(name="x", src="src", dst="a", bytes_per_flow=1.0, pattern="spread", share=bad)
+
+
+def test_a_token_bucket_passes_a_burst_at_once_and_refills_while_the_link_idles():
+    """LinkSpec.burst_bytes: a message that fits the bucket crosses at once; a longer one passes
+    the bucket's bytes at once and the rest at the line rate; the bucket refills with the rate the
+    link leaves unused, so a second message after an idle spell passes at once again."""
+    base = cluster(bandwidth=1e6, latency=0.0, nodes=2)
+    bucket = replace(base, nic=replace(base.nic, burst_bytes=64e3))
+
+    def step(graph, c):
+        return simulate(graph, c, iterations=1).step_time_s
+
+    def message(nbytes, deps=(), name="m"):
+        return Transfer(name=name, src="a", dst="b", bytes_per_flow=nbytes, pattern="spread", deps=deps)
+
+    small = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(message(4e3),))
+    assert step(small, base) == pytest.approx(4e-3)
+    assert step(small, bucket) < 1e-4  # 4 kB of a 64 kB bucket: at once
+    big = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(message(164e3),))
+    assert step(big, bucket) == pytest.approx(0.1, rel=0.02)  # 64 kB at once, 100 kB at 1 MB/s
+    # two 60 kB messages: back to back the second waits for tokens; 0.1 s apart the bucket has refilled
+    back = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        message(60e3), message(60e3, ("m",), "m2")))
+    apart = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
+        message(60e3), Delay(name="idle", seconds=0.1, deps=("m",)), message(60e3, ("idle",), "m2")))
+    assert step(back, bucket) > 0.05
+    assert step(apart, bucket) == pytest.approx(0.1, rel=0.01)
+    with pytest.raises(SpecError, match="burst_bytes"):
+        replace(base.nic, burst_bytes=-1.0)
+
+
+def test_the_emulated_cluster_states_its_tbf_bucket():
+    """The emulation's ClusterSpec carries its links' tbf burst (max(64 kB, rate × 1 ms))."""
+    from layerplan.runtime import emulate
+
+    emu = emulate.Emulated(name="t", hosts=2, rate_bytes_per_s=1.25e9, subnet=0)
+    assert emu.cluster_spec().nic.burst_bytes == emulate.burst_bytes(1.25e9) == pytest.approx(1.25e6)

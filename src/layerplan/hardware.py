@@ -191,6 +191,12 @@ class LinkSpec:
     lead fades against the flow's size: measured on the emulated link, 4 flows from one host, the
     first finished at 0.58 / 0.67-0.72 / 0.66-0.83 / 0.94 / 0.95 of the fair time for 0.27 / 1.1 /
     4.4 / 17 / 60 MB each (100 Mbit/s and 1 Gbit/s alike), fitted by ≈ 150 kB. 0: even shares."""
+    burst_bytes: float = 0.0
+    """A token bucket in front of the line rate (a shaped link, a cloud NIC's burst allowance):
+    bytes pass at once while the bucket holds a packet's worth, and it refills at the line rate
+    while the link carries less. The emulated cluster's tbf links hold max(64 kB, rate × 1 ms):
+    resnet_cifar's Stanza FC worker's 4 kB messages, after a step's compute, cross a 100 Mbit/s
+    link at once, where the line rate alone charges 0.3 ms each. 0: no bucket."""
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -204,6 +210,9 @@ class LinkSpec:
         if (not isinstance(self.flow_lead_bytes, (int, float)) or isinstance(self.flow_lead_bytes, bool)
                 or not math.isfinite(self.flow_lead_bytes) or self.flow_lead_bytes < 0):
             raise SpecError(f"link {self.name!r}: flow_lead_bytes must be a non-negative number, got {self.flow_lead_bytes!r}")
+        if (not isinstance(self.burst_bytes, (int, float)) or isinstance(self.burst_bytes, bool)
+                or not math.isfinite(self.burst_bytes) or self.burst_bytes < 0):
+            raise SpecError(f"link {self.name!r}: burst_bytes must be a non-negative number, got {self.burst_bytes!r}")
 
     @property
     def payload_bytes_per_s(self) -> float:

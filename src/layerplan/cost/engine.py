@@ -31,7 +31,9 @@ workers is four tasks, not a million flows.
   node that sends or receives a transfer spends ``oversubscribed_message_cpu_s`` of CPU on it (it
   blocks and wakes on a busy core), and
   while more compute threads run than there are cores, the cores give
-  ``oversubscribed_core_capacity`` (time slicing: each switch refills the caches).
+  ``oversubscribed_core_capacity`` (time slicing: each switch refills the caches). A link with a
+  token bucket (``LinkSpec.burst_bytes``, the emulated cluster's tbf) passes bytes at once while
+  its bucket holds a packet's worth, and the bucket refills with the rate the link leaves unused.
 - ``Transfer(src, dst, bytes_per_flow, pattern)``: a class of flows between two groups.
   ``messages · latency_s`` pass before the bytes move. Patterns, with n_s / n_d nodes:
 
@@ -814,6 +816,11 @@ def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = No
         over_full = [c * (1 - 1e-9) for c in over_caps]
     caps_now, full_now = res.caps, full
 
+    # A token bucket in front of each NIC direction (LinkSpec.burst_bytes): bytes pass at once
+    # (BURST_RATE times the line rate) while it holds a packet's worth; it drains by what passes
+    # beyond the line rate and refills by what the link leaves unused, up to burst_bytes.
+    burst = float(cluster.nic.burst_bytes)
+    buckets = {r: burst for g in groups for r in (res.egress[g], res.ingress[g])} if burst > 0 else {}
     launch(ready)
     while running or latent:
         if running:
@@ -822,12 +829,19 @@ def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = No
                 threads = sum(c for a in running if not a.network for r, c in a.coefs if r == res.cores)
                 if threads > cluster.shared_cores + 1e-9:
                     caps_now, full_now = over_caps, over_full
+            if buckets:
+                caps_now, full_now = list(caps_now), list(full_now)
+                for r, level in buckets.items():
+                    if level >= PACKET_BYTES:
+                        caps_now[r] = full_now[r] = res.caps[r] * BURST_RATE
             _max_min_rates(running, caps_now, res.cores)
         t_next = latent[0][0] if latent else math.inf
         for a in running:
             t = now + a.remaining / a.rate if a.rate > 0 else math.inf
             if t < t_next:
                 t_next = t
+        if buckets:
+            t_next = _drain_buckets(buckets, running, res.caps, now, t_next, burst)
         if not math.isfinite(t_next):
             raise ConfigError("step graph: a task cannot make progress (a resource with no capacity)")
         dt = t_next - now
@@ -869,6 +883,34 @@ def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = No
         stuck = [a.name for a in acts if math.isnan(a.end)]
         raise ConfigError(f"step graph: {len(stuck)} task(s) never start (a dependency cycle?): {', '.join(stuck[:5])}")
     return _predict(graph, acts, res, k, segments)
+
+
+PACKET_BYTES = 1500.0
+"""A token bucket passes bytes at once while it holds this much (one packet; below, the line rate)."""
+BURST_RATE = 1e3
+"""How much faster than the line rate a full bucket passes bytes (the other limits — the far end,
+the CPU a byte costs — still hold)."""
+
+
+def _drain_buckets(buckets: dict[int, float], running: list[_Act], caps: list[float], now: float, t_next: float,
+                   burst: float) -> float:
+    """Advance each NIC direction's token bucket to the next event, which is brought forward to
+    the moment a bucket that passes bytes at once runs out of a packet's worth; returns it."""
+    net: dict[int, float] = dict.fromkeys(buckets, 0.0)
+    for a in running:
+        for r, c in a.coefs:
+            if r in net:
+                net[r] += c * a.rate
+    for r in net:
+        d = net[r] - caps[r]  # > 0: the bucket drains; < 0: the link leaves rate unused, it refills
+        net[r] = 0.0 if abs(d) < 1e-6 * caps[r] else d
+        if net[r] > 0 and buckets[r] >= PACKET_BYTES:
+            t_next = min(t_next, now + (buckets[r] - PACKET_BYTES * 0.5) / net[r])
+    if math.isfinite(t_next):
+        for r, d in net.items():
+            level = buckets[r] - d * (t_next - now)
+            buckets[r] = 0.0 if level < PACKET_BYTES * 0.5 else min(burst, level)
+    return t_next
 
 
 def _union_clipped(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
