@@ -125,3 +125,9 @@ def test_flows_leaving_one_host_together_are_timed():
     assert m["receivers"] == 2 and m["sizes_bytes"] == [1_000_000] and len(m["first_over_last"][0]) == 2
     assert all(0 < f <= 1 for f in m["first_over_last"][0])  # the first in is never after the last
     assert 0 <= m["flow_lead_bytes"] <= 1_000_000 * (2 / 3) ** 2
+
+
+def test_the_emulated_cluster_states_its_tbf_bucket():
+    """The emulation's ClusterSpec carries its links' tbf burst (max(64 kB, rate × 1 ms))."""
+    emu = emulate.Emulated(name="t", hosts=2, rate_bytes_per_s=1.25e9, subnet=0)
+    assert emu.cluster_spec().nic.burst_bytes == emulate.burst_bytes(1.25e9) == pytest.approx(1.25e6)

@@ -696,10 +696,3 @@ def test_a_token_bucket_passes_a_burst_at_once_and_refills_while_the_link_idles(
     with pytest.raises(SpecError, match="burst_bytes"):
         replace(base.nic, burst_bytes=-1.0)
 
-
-def test_the_emulated_cluster_states_its_tbf_bucket():
-    """The emulation's ClusterSpec carries its links' tbf burst (max(64 kB, rate × 1 ms))."""
-    from layerplan.runtime import emulate
-
-    emu = emulate.Emulated(name="t", hosts=2, rate_bytes_per_s=1.25e9, subnet=0)
-    assert emu.cluster_spec().nic.burst_bytes == emulate.burst_bytes(1.25e9) == pytest.approx(1.25e6)

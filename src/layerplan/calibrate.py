@@ -523,8 +523,8 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
     core is also timed with ``SYNC_EXTRA_CALLS`` small all-reduces spread through every step's
     forward pass besides the barrier after it, as DDP broadcasts its buffers and all-reduces its
     buckets between layers: the difference over the calls is ``collective_wait_s``, what one more
-    collective call costs a step in lockstep (here 1.5-2.7 ms for resnet_cifar's 36 ms, where the
-    call alone, cores idle, takes 0.2-0.4 ms), on the nets of short steps (``SYNC_EXTRA_MAX_STEP_S``).
+    collective call costs a step in lockstep (here 1.8-3.1 ms a call for resnet_cifar's 36 ms, where
+    the call alone, cores idle, takes 0.2-0.4 ms), on the nets of short steps (``SYNC_EXTRA_MAX_STEP_S``).
 
     Both are below what independent benchmarks give. The cores are not equally free (the
     kernel's and other processes' work lands on one more than the other), and a synchronized step
@@ -621,14 +621,15 @@ def _steps_worker(cfg: dict) -> None:
     _emit(event="ready", step_s=time.perf_counter() - t0)
     tiny = torch.zeros(SYNC_EXTRA_BYTES // 4)
     layers = [m for m in model.modules() if not list(m.children())]
-    calls: list = []  # (group, count) of the window running: the hooks' collective calls
+    calls: list = []  # the group each hook all-reduces in, in a window with the extra calls; else empty
 
     def call(*_):
         for group in calls:
             dist.all_reduce(tiny, group=group)
 
-    for i in range(max(1, cfg.get("extra_calls", 1))):  # spread through the forward pass
-        layers[i * len(layers) // max(1, cfg.get("extra_calls", 1))].register_forward_pre_hook(call)
+    n_calls = max(1, cfg.get("extra_calls", 1))
+    for i in range(n_calls):  # spread through the forward pass
+        layers[i * len(layers) // n_calls].register_forward_pre_hook(call)
     while True:
         line = sys.stdin.readline().split()
         if not line or line[0] != "go":  # "stop" (or the parent gone) ends

@@ -19,8 +19,9 @@ alexnet_cifar's two large layers have 38 and 67 MB of weights. Measured here, on
 ``M_MMAP_MAX = 0`` serves every block from the heap; ``M_TRIM_THRESHOLD`` = 1 GiB keeps freed heap
 memory unless more than that is free at its top. The heap still grows for a process's first few
 blocks of a size (torch asks for 64-byte aligned blocks, a few bytes more than a freed one holds,
-until freed neighbours coalesce): 1-9 blocks of 64 MiB here, a step or two of training. Set ``LAYERPLAN_KEEP_FREED_MEMORY=0`` to leave
-the C library's defaults (``benchmarks/allocator.py`` measures both).
+until freed neighbours coalesce): 1-9 blocks of 64 MiB here, a step or two of training. Set
+``LAYERPLAN_KEEP_FREED_MEMORY=0`` to leave the C library's defaults (``benchmarks/allocator.py``
+measures both).
 """
 
 from __future__ import annotations
