@@ -9,7 +9,7 @@ nn = torch.nn
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from layerplan.errors import ModelError  # noqa: E402
+from layerplan.errors import ModelError, SpecError  # noqa: E402
 from layerplan.netspec import zoo  # noqa: E402
 from layerplan.netspec.analyze import BATCH, analyze  # noqa: E402
 from layerplan.netspec.spec import NetSpec  # noqa: E402
@@ -313,8 +313,14 @@ def test_buffer_bytes_are_the_models_non_parameter_state():
     net = analyze(m, shape, name="resnet_cifar")
     assert net.buffer_bytes == sum(b.numel() * b.element_size() for b in m.buffers()) > 0  # BatchNorm statistics
     assert NetSpec.from_json(net.to_json()).buffer_bytes == net.buffer_bytes
+    floats = sum(b.numel() * b.element_size() for b in m.buffers() if b.dtype.is_floating_point)
+    assert net.buffer_bytes_by_dtype == (floats, net.buffer_bytes - floats)  # one DDP broadcast each: float, int64
+    assert NetSpec.from_json(net.to_json()).buffer_bytes_by_dtype == net.buffer_bytes_by_dtype
     old = net.to_dict()
-    del old["buffer_bytes"]  # a spec written before buffers were counted
+    del old["buffer_bytes"], old["buffer_bytes_by_dtype"]  # a spec written before buffers were counted
     assert NetSpec.from_dict(old).buffer_bytes == 0
+    bad = net.to_dict() | {"buffer_bytes_by_dtype": [1, 2]}
+    with pytest.raises(SpecError, match="summing to buffer_bytes"):
+        NetSpec.from_dict(bad)
     m, shape = meta_zoo("alexnet_cifar")
     assert analyze(m, shape, name="alexnet_cifar").buffer_bytes == 0

@@ -127,6 +127,42 @@ def test_ddp_moves_every_gradient_through_its_bucket():
         assert bwd - bwd_s(net, net.conv_layers, ideal(4), b) + unbucket == pytest.approx(copies)
 
 
+def test_ddp_broadcasts_each_dtype_of_buffers_as_one_call():
+    """DDP coalesces the buffers of each dtype into one broadcast (BatchNorm: float statistics and
+    int64 batch counters, two calls): the calls run one after another before the forward and each
+    pays its latency; the bytes are those of one call of them all."""
+    net, b, w = net_fc_heavy(), 8, 4
+    c = replace(ideal(w), nic=replace(ideal(w).nic, latency_s=1e-3))
+    cfg = strategies.get("allreduce").Config(workers=w, bucket_bytes=0)
+    one = replace(net, buffer_bytes=40_000)
+    two = replace(net, buffer_bytes=40_000, buffer_bytes_by_dtype=(39_000, 1_000))
+    tasks = {t.name: t for t in strategies.get("allreduce").schedule(two, c, cfg, b).tasks}
+    assert [tasks["buffers0"].bytes, tasks["buffers1"].bytes] == [39_000, 1_000]
+    assert tasks["buffers1"].deps == ("buffers0",) and tasks["fwd"].deps == ("buffers1",)
+    p1, p2 = (strategies.predict(n, c, "allreduce", cfg, b) for n in (one, two))
+    assert p2.total_bytes == pytest.approx(p1.total_bytes)
+    assert p2.step_time_s - p1.step_time_s == pytest.approx(1e-3, rel=1e-6)  # one more broadcast: one round
+
+
+def test_ddp_runs_two_bucket_allreduces_at_once_on_gloo():
+    """On CPUs (gloo: two threads per process group) a bucket's all-reduce starts when backward has
+    produced it and one of the two threads is free; on GPUs (NCCL: one stream) one after another."""
+    from layerplan.strategies.allreduce import buckets
+
+    net, b, w = net_fc_heavy(), 8, 4
+    cfg = strategies.get("allreduce").Config(workers=w, bucket_bytes=500_000)
+    assert len(buckets(net, cfg.bucket_bytes)) >= 3
+    cpu = replace(ideal(w), device=replace(ideal(w).device, kind="cpu"))
+    gpu = replace(ideal(w), device=replace(ideal(w).device, kind="gpu"))
+    deps = {k: {t.name: t.deps for t in strategies.get("allreduce").schedule(net, c, cfg, b).tasks}
+            for k, c in (("cpu", cpu), ("gpu", gpu))}
+    assert deps["cpu"]["allreduce1"] == ("bwd1",) and deps["cpu"]["allreduce2"] == ("bwd2", "allreduce0")
+    assert deps["gpu"]["allreduce1"] == ("bwd1", "allreduce0") and deps["gpu"]["allreduce2"] == ("bwd2", "allreduce1")
+    assert set(deps["cpu"]["unbucket"]) >= {f"allreduce{i}" for i in range(3)}
+    t_cpu, t_gpu = (strategies.predict(net, c, "allreduce", cfg, b).step_time_s for c in (cpu, gpu))
+    assert t_cpu <= t_gpu * (1 + 1e-9)
+
+
 def test_ddp_buckets_overlap_backward():
     net, b = net_fc_heavy(), 8
     one = strategies.predict(net, ideal(4), "allreduce", strategies.get("allreduce").Config(workers=4, bucket_bytes=0), b)

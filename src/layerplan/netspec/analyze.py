@@ -390,9 +390,12 @@ def analyze(module: nn.Module, input_shape: tuple[int, ...], *, name: str, sourc
         num_classes = int(tensors[0].shape[1])
     if not layers:
         raise ModelError(f"model {name} has no layers (its forward computes nothing from its input)")
+    by_dtype: dict = {}  # DDP broadcasts each dtype's buffers as one call, in the order they first appear
+    for b in meta.buffers():
+        by_dtype[b.dtype] = by_dtype.get(b.dtype, 0) + b.numel() * b.element_size()
     return NetSpec(name=name, input_shape=input_shape, dtype_bytes=torch.empty((), dtype=dtype).element_size(),
                    layers=tuple(layers), boundary=find_boundary(layers), num_classes=num_classes, source=source,
-                   buffer_bytes=sum(b.numel() * b.element_size() for b in meta.buffers()))
+                   buffer_bytes=sum(by_dtype.values()), buffer_bytes_by_dtype=tuple(by_dtype.values()))
 
 
 def _check_output(out: Any, name: str) -> None:

@@ -98,6 +98,10 @@ class NetSpec:
     buffer_bytes: int = 0
     """Bytes of the model's state that is not parameters (BatchNorm's running statistics and batch
     counters): torch DDP broadcasts them from rank 0 before every forward."""
+    buffer_bytes_by_dtype: tuple[int, ...] = ()
+    """``buffer_bytes`` split by dtype (BatchNorm: float statistics, int64 batch counters). DDP
+    coalesces the buffers of each dtype into one broadcast, so each entry is one call a step.
+    Empty: a single call of ``buffer_bytes``."""
     _single: tuple[bool, ...] = field(default=(), init=False, repr=False, compare=False)
     """single_cuts(layers), computed once."""
 
@@ -121,6 +125,11 @@ class NetSpec:
             seen.add(layer.name)
         if not isinstance(self.buffer_bytes, int) or isinstance(self.buffer_bytes, bool) or self.buffer_bytes < 0:
             raise SpecError(f"network {self.name!r}: buffer_bytes must be a non-negative integer, got {self.buffer_bytes!r}")
+        by_dtype = self.buffer_bytes_by_dtype
+        if by_dtype and (any(not isinstance(b, int) or isinstance(b, bool) or b <= 0 for b in by_dtype)
+                         or sum(by_dtype) != self.buffer_bytes):
+            raise SpecError(f"network {self.name!r}: buffer_bytes_by_dtype must be positive integers summing to "
+                            f"buffer_bytes ({self.buffer_bytes}), got {list(by_dtype)!r}")
         if self.boundary is not None and self.boundary not in seen:
             raise SpecError(f"network {self.name!r}: boundary {self.boundary!r} is not a layer")
         object.__setattr__(self, "_single", single_cuts(self.layers))
@@ -227,6 +236,7 @@ class NetSpec:
             "num_classes": self.num_classes,
             "source": self.source,
             "buffer_bytes": self.buffer_bytes,
+            "buffer_bytes_by_dtype": list(self.buffer_bytes_by_dtype),
             "layers": [_layer_to_dict(layer) for layer in self.layers],
         }
 
@@ -241,7 +251,8 @@ class NetSpec:
         if not isinstance(data, dict):
             raise SpecError(f"{where}: expected a JSON object, got {type(data).__name__}")
         keys = {"format", "name", "input_shape", "dtype_bytes", "boundary", "num_classes", "source", "layers"}
-        _exact_keys({k: v for k, v in data.items() if k != "buffer_bytes"}, keys, where)  # buffer_bytes: optional
+        optional = {"buffer_bytes", "buffer_bytes_by_dtype"}
+        _exact_keys({k: v for k, v in data.items() if k not in optional}, keys, where)
         if data["format"] != FORMAT_VERSION:
             raise SpecError(f"{where}: format {data['format']!r} is not supported (expected {FORMAT_VERSION})")
         if not isinstance(data["layers"], list):
@@ -255,6 +266,9 @@ class NetSpec:
             num_classes=None if data["num_classes"] is None else _typed(data["num_classes"], int, f"{where}: num_classes"),
             source=_typed(data["source"], str, f"{where}: source"),
             buffer_bytes=_typed(data.get("buffer_bytes", 0), int, f"{where}: buffer_bytes"),
+            buffer_bytes_by_dtype=tuple(_typed(b, int, f"{where}: buffer_bytes_by_dtype")
+                                        for b in _typed(data.get("buffer_bytes_by_dtype", []), list,
+                                                        f"{where}: buffer_bytes_by_dtype")),
             layers=layers,
         )
 

@@ -25,7 +25,7 @@ from layerplan.cost.engine import Collective, Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
-from layerplan.strategies.allreduce import DDP_BUCKET_BYTES, buckets, ddp_copy_s
+from layerplan.strategies.allreduce import DDP_BUCKET_BYTES, bucket_deps, buckets, buckets_in_flight, ddp_copy_s
 from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
 
 
@@ -133,8 +133,9 @@ class Stanza(Strategy):
                 tasks.append(Collective(name="conv_allreduce", group="conv", scheme=allreduce_scheme(config), bytes=p_c,
                                         deps=("conv_bwd",)))
                 conv_done = ("conv_allreduce",)
-        else:  # DDP: each bucket's all-reduce starts when backward has produced it, one after another
-            prev_bwd, prev_ar = "act_grads", None
+        else:  # DDP: each bucket's all-reduce starts when backward has produced it and a thread is free
+            prev_bwd, started = "act_grads", []
+            in_flight = buckets_in_flight(cluster)
             ddp = n_c > 1  # the runtime wraps the head in DDP where there is someone to all-reduce with
             for i, layers in enumerate(buckets(net, bucket_bytes, net.conv_layers)):
                 bwd = f"conv_bwd{i}"
@@ -146,9 +147,9 @@ class Stanza(Strategy):
                 if n_c > 1 and nbytes > 0:
                     ar = f"conv_allreduce{i}"
                     tasks.append(Collective(name=ar, group="conv", scheme=allreduce_scheme(config), bytes=nbytes,
-                                            deps=(bwd,) if prev_ar is None else (bwd, prev_ar)))
-                    prev_ar = ar
-            conv_done = (prev_bwd,) if prev_ar is None else (prev_bwd, prev_ar)
+                                            deps=bucket_deps(bwd, started, in_flight)))
+                    started.append(ar)
+            conv_done = (prev_bwd, *started)
             if ddp:  # and copies the buckets back to the gradients once every one is reduced
                 tasks.append(Compute(name="conv_unbucket", group="conv", deps=conv_done,
                                      seconds=ddp_copy_s(p_c, p_c, cluster, passes=1)))
