@@ -347,7 +347,8 @@ def test_a_message_costs_cpu_at_each_end_on_oversubscribed_cores():
 
 def test_every_collective_call_waits_on_shared_cores():
     """collective_wait_s is added once to every collective call of two or more nodes on shared
-    cores (not per round, not to messages, not without shared cores)."""
+    cores (not per round, not to messages, not without shared cores), but not to a call that
+    follows only calls of its own group: its ranks have just met."""
     c = replace(cluster(bandwidth=1e9, latency=1e-4, nodes=8, shared_cores=2), collective_wait_s=2e-3)
     ring = Collective(name="ar", group="w", scheme="ring", bytes=0.0)
     bcast = Collective(name="b", group="w", scheme="scatter", bytes=0.0, deps=("ar",))
@@ -356,7 +357,10 @@ def test_every_collective_call_waits_on_shared_cores():
         return simulate(StepGraph(groups={"w": n}, samples_per_step=n, tasks=tasks), cl).step_time_s
 
     assert step(2) == pytest.approx(2 * 1e-4 + 2e-3)  # 2 rounds of latency, one call's wait
-    assert step(2, tasks=(ring, bcast)) == pytest.approx(2 * 1e-4 + 1e-4 + 2 * 2e-3)  # two calls: two waits
+    assert step(2, tasks=(ring, bcast)) == pytest.approx(2 * 1e-4 + 1e-4 + 2e-3)  # back to back: one wait
+    work = Compute(name="work", group="w", seconds=0.01, deps=("ar",))
+    after = replace(bcast, deps=("work",))
+    assert step(2, tasks=(ring, work, after)) == pytest.approx(2 * 1e-4 + 1e-4 + 0.01 + 2 * 2e-3)  # work between: two
     assert step(1) == pytest.approx(0.0)  # a collective of one node meets nobody
     assert step(2, replace(c, shared_cores=None)) == pytest.approx(2 * 1e-4)
     msg = Transfer(name="t", src="a", dst="b", bytes_per_flow=0.0, pattern="all_to_all")

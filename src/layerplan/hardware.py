@@ -306,7 +306,8 @@ class ClusterSpec:
     baseline (which ``shared_core_capacity`` already holds), the difference over the calls, the
     median over pairs of such windows: here 1.8-3.1 ms a call for resnet_cifar over loopback; on the
     emulated links DDP's BatchNorm buffer broadcast alone cost resnet_cifar's 2 ranks 1-2.5 ms a
-    step. 0: not modelled."""
+    step. A call that follows only calls of its own ranks (DDP's second buffer broadcast, right
+    after the first) does not wait again: its ranks have just met. 0: not modelled."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:

@@ -26,7 +26,8 @@ workers is four tasks, not a million flows.
   same shared cores — on an emulated cluster at 10 Gbit/s, TCP and gloo's copies and reductions
   take cores away from compute. Every collective call also waits ``collective_wait_s`` (its ranks
   meet: the step goes at the slowest rank's pace since the last call, and gloo's threads wake on
-  cores busy with compute); with more nodes in the step than shared cores, every collective round
+  cores busy with compute) but one that follows only collectives of its own group (its ranks just
+  met); with more nodes in the step than shared cores, every collective round
   and every message also waits ``oversubscribed_wait_s`` (its receiver may be off its core), each
   node that sends or receives a transfer spends ``oversubscribed_message_cpu_s`` of CPU on it (it
   blocks and wakes on a busy core), and
@@ -544,6 +545,14 @@ def _is_network(t) -> bool:
     return isinstance(t, (Transfer, Collective))
 
 
+def _in_step(t: Collective, tasks: Sequence[Task], index: Mapping[str, int]) -> bool:
+    """True when a collective follows only collectives over its own group: its ranks have just
+    met and run nothing in between, so there is no drift for it to wait out again (DDP's second
+    buffer broadcast, of the int64 counters, right after the first)."""
+    deps = [tasks[index[d]] for d in t.deps if d in index]
+    return bool(deps) and all(isinstance(d, Collective) and d.group == t.group for d in deps)
+
+
 def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int], cluster: ClusterSpec,
              res: _Resources) -> list[_Act]:
     lat_s = cluster.nic.latency_s
@@ -592,7 +601,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
             n = groups[t.group]
             cost = collective_cost(t.scheme, t.bytes, n)
             latency = cost.rounds * lat_s  # α term: rounds on the critical path
-            if n > 1 and cluster.shared_cores is not None:
+            if n > 1 and cluster.shared_cores is not None and not _in_step(t, tasks, index):
                 latency += cluster.collective_wait_s  # the ranks meet: each call waits for the slowest
             amount = cost.critical_bytes
             if amount > 0:
