@@ -456,6 +456,25 @@ def test_ps_worker_whose_pull_leads_starts_its_next_step_early():
     assert 0 < gain < 0.01
 
 
+def test_one_omnivore_group_whose_pull_leads_starts_its_forward_early():
+    """With one group, the conv model server's pulls leave its NIC together: where TCP gives one a
+    lead, that machine starts its forward pass while the others still receive (as a PS's worker).
+    The step is no longer, the bytes are the same and the machines are still the one role group0;
+    with more groups (one group's pull at a time) nothing is split."""
+    net, b = net_fc_heavy(), 8
+    even = ideal(6)
+    lead = replace(even, nic=replace(even.nic, flow_lead_bytes=150e3))
+    one = strategies.get("groups").Config(machines=4, groups=1)
+    p_even, p_lead = (strategies.predict(net, c, "groups", one, b) for c in (even, lead))
+    assert p_lead.step_time_s <= p_even.step_time_s
+    assert p_lead.groups == p_even.groups and p_lead.groups["group0"] == 4
+    assert p_lead.bytes_sent_per_node == pytest.approx(p_even.bytes_sent_per_node)
+    pulls = [e for e in p_lead.timeline if e.name.startswith("it0/pull0") and e.group == "group0"]
+    assert len(pulls) == 2 and pulls[0].end_s < pulls[1].end_s  # the leading machine's pull ends first
+    two = strategies.get("groups").Config(machines=4, groups=2)
+    assert strategies.predict(net, lead, "groups", two, b).groups == strategies.predict(net, even, "groups", two, b).groups
+
+
 def test_hybrid_partitioned_block_takes_its_slice_of_the_whole_layer():
     """A partitioned fc layer holds 1/n_f of the weights and computes its features for the global
     batch: 1/n_f of the whole layer's time for G samples — with a profile's fixed (per-weights) term,

@@ -155,6 +155,13 @@ class Groups(Strategy):
         t_cb = bwd_s(net, net.conv_layers, cluster, batch)
         t_fc = fwd_s(net, net.fc_layers, cluster, k * batch) + bwd_s(net, net.fc_layers, cluster, k * batch)
         lag = 2 if config.pipelined else 1
+        # One group alone: the conv model server's k pulls leave its NIC together and TCP gives one a
+        # lead while they are short (LinkSpec.flow_lead_bytes), as a PS's pulls (strategies/ps.py):
+        # that machine starts its forward pass while the others still receive. Simulated as the
+        # leading machine ("group0") and the rest ("group0+", reported as group0). With more groups
+        # the server sends one group's pull at a time (a queue of whole pulls): not split.
+        lead = cluster.nic.lead_share(p_c) if g == 1 and k > 1 else 1.0
+        parts = [("", 1, lead), ("+", k - 1, 1.0)] if lead != 1.0 else [("", k, 1.0)]
 
         def build(i: int):
             tasks = []
@@ -169,37 +176,47 @@ class Groups(Strategy):
                 else:  # the staggered start (runtime/roles/groups.py): one group's first pull after another's
                     prev = (iteration_name(i, f"pull{j - 1}"),) if i == 0 and j else ()
                 fc_role = "fc" if config.merged_fc else f"fc{j}"
-                tasks += [
-                    # the conv model server sends one group's pull at a time and takes one group's push at a
-                    # time, each the next once the last has arrived (runtime/roles/groups.py)
-                    Transfer(name=n("pull"), src="conv_model", dst=grp, bytes_per_flow=p_c, pattern="broadcast", deps=prev,
-                             queue="conv_model pull" if g > 1 else None),
-                    Compute(name=n("conv_fwd"), group=grp, seconds=t_cf, deps=(n("pull"),)),
-                    Transfer(name=n("act"), src=grp, dst=fc_role, bytes_per_flow=act, pattern="spread", deps=(n("conv_fwd"),)),
-                ]
+                for p, _, share in parts:
+                    tasks += [
+                        # the conv model server sends one group's pull at a time and takes one group's push at a
+                        # time, each the next once the last has arrived (runtime/roles/groups.py)
+                        Transfer(name=n("pull") + p, src="conv_model", dst=grp + p, bytes_per_flow=p_c, pattern="broadcast",
+                                 deps=prev, queue="conv_model pull" if g > 1 else None, share=share),
+                        Compute(name=n("conv_fwd") + p, group=grp + p, seconds=t_cf, deps=(n("pull") + p,)),
+                        Transfer(name=n("act") + p, src=grp + p, dst=fc_role, bytes_per_flow=act, pattern="spread",
+                                 deps=(n("conv_fwd") + p,)),
+                    ]
+                acts = tuple(n("act") + p for p, _, _ in parts)
                 if config.merged_fc:
                     # Omnivore §V-A: the merged FC server serves whole group batches in arrival order.
                     tasks.append(Compute(name=n("fc"), group="fc", seconds=t_fc + update_s(p_f, cluster), queue="fc",
-                                         deps=(n("act"),)))
+                                         deps=acts))
                 else:
                     fc_prev = (n("fc_push", i - 1),) if i else ()
                     tasks += [
                         Transfer(name=n("fc_pull"), src="fc_model", dst=fc_role, bytes_per_flow=p_f, pattern="broadcast",
                                  deps=fc_prev),
-                        Compute(name=n("fc"), group=fc_role, seconds=t_fc, deps=(n("act"), n("fc_pull"))),
+                        Compute(name=n("fc"), group=fc_role, seconds=t_fc, deps=(*acts, n("fc_pull"))),
                         Transfer(name=n("fc_push"), src=fc_role, dst="fc_model", bytes_per_flow=p_f, pattern="spread",
                                  deps=(n("fc"),)),
                         Compute(name=n("fc_update"), group="fc_model", seconds=update_s(p_f, cluster), queue="fc_model",
                                 deps=(n("fc_push"),)),
                     ]
-                tasks += [
-                    Transfer(name=n("grad"), src=fc_role, dst=grp, bytes_per_flow=act, pattern="broadcast", deps=(n("fc"),)),
-                    Compute(name=n("conv_bwd"), group=grp, seconds=t_cb, deps=(n("grad"),)),
-                    Transfer(name=n("push"), src=grp, dst="conv_model", bytes_per_flow=p_c, pattern="spread",
-                             deps=(n("conv_bwd"),), queue="conv_model push" if g > 1 else None),
-                    Compute(name=n("update"), group="conv_model", seconds=update_s(p_c, cluster, gradients_summed=k),
-                            queue="conv_model", deps=(n("push"),)),
-                ]
+                for p, _, _ in parts:
+                    tasks += [
+                        Transfer(name=n("grad") + p, src=fc_role, dst=grp + p, bytes_per_flow=act, pattern="broadcast",
+                                 deps=(n("fc"),)),
+                        Compute(name=n("conv_bwd") + p, group=grp + p, seconds=t_cb, deps=(n("grad") + p,)),
+                        Transfer(name=n("push") + p, src=grp + p, dst="conv_model", bytes_per_flow=p_c, pattern="spread",
+                                 deps=(n("conv_bwd") + p,), queue="conv_model push" if g > 1 else None),
+                    ]
+                tasks.append(Compute(name=n("update"), group="conv_model", seconds=update_s(p_c, cluster, gradients_summed=k),
+                                     queue="conv_model", deps=tuple(n("push") + p for p, _, _ in parts)))
             return tasks
 
+        roles = self.roles(config)
+        if len(parts) > 1:
+            roles = {**roles, "group0": 1, "group0+": k - 1}
+            return StepGraph(groups=roles, build=build, iterations=ROUNDS, samples_per_step=g * k * batch,
+                             report_as={"group0+": "group0"})
         return StepGraph(groups=self.roles(config), build=build, iterations=ROUNDS, samples_per_step=g * k * batch)
