@@ -161,7 +161,7 @@ class Groups(Strategy):
         # leading machine ("group0") and the rest ("group0+", reported as group0). With more groups
         # the server sends one group's pull at a time (a queue of whole pulls): not split.
         lead = cluster.nic.lead_share(p_c) if g == 1 and k > 1 else 1.0
-        parts = [("", 1, lead), ("+", k - 1, 1.0)] if lead != 1.0 else [("", k, 1.0)]
+        parts = [("", lead), ("+", 1.0)] if lead != 1.0 else [("", 1.0)]  # (role suffix, pull's share)
 
         def build(i: int):
             tasks = []
@@ -176,7 +176,7 @@ class Groups(Strategy):
                 else:  # the staggered start (runtime/roles/groups.py): one group's first pull after another's
                     prev = (iteration_name(i, f"pull{j - 1}"),) if i == 0 and j else ()
                 fc_role = "fc" if config.merged_fc else f"fc{j}"
-                for p, _, share in parts:
+                for p, share in parts:
                     tasks += [
                         # the conv model server sends one group's pull at a time and takes one group's push at a
                         # time, each the next once the last has arrived (runtime/roles/groups.py)
@@ -186,7 +186,7 @@ class Groups(Strategy):
                         Transfer(name=n("act") + p, src=grp + p, dst=fc_role, bytes_per_flow=act, pattern="spread",
                                  deps=(n("conv_fwd") + p,)),
                     ]
-                acts = tuple(n("act") + p for p, _, _ in parts)
+                acts = tuple(n("act") + p for p, _ in parts)
                 if config.merged_fc:
                     # Omnivore §V-A: the merged FC server serves whole group batches in arrival order.
                     tasks.append(Compute(name=n("fc"), group="fc", seconds=t_fc + update_s(p_f, cluster), queue="fc",
@@ -202,7 +202,7 @@ class Groups(Strategy):
                         Compute(name=n("fc_update"), group="fc_model", seconds=update_s(p_f, cluster), queue="fc_model",
                                 deps=(n("fc_push"),)),
                     ]
-                for p, _, _ in parts:
+                for p, _ in parts:
                     tasks += [
                         Transfer(name=n("grad") + p, src=fc_role, dst=grp + p, bytes_per_flow=act, pattern="broadcast",
                                  deps=(n("fc"),)),
@@ -211,12 +211,10 @@ class Groups(Strategy):
                                  deps=(n("conv_bwd") + p,), queue="conv_model push" if g > 1 else None),
                     ]
                 tasks.append(Compute(name=n("update"), group="conv_model", seconds=update_s(p_c, cluster, gradients_summed=k),
-                                     queue="conv_model", deps=tuple(n("push") + p for p, _, _ in parts)))
+                                     queue="conv_model", deps=tuple(n("push") + p for p, _ in parts)))
             return tasks
 
-        roles = self.roles(config)
-        if len(parts) > 1:
-            roles = {**roles, "group0": 1, "group0+": k - 1}
-            return StepGraph(groups=roles, build=build, iterations=ROUNDS, samples_per_step=g * k * batch,
-                             report_as={"group0+": "group0"})
-        return StepGraph(groups=self.roles(config), build=build, iterations=ROUNDS, samples_per_step=g * k * batch)
+        split = len(parts) > 1
+        roles = self.roles(config) | ({"group0": 1, "group0+": k - 1} if split else {})
+        return StepGraph(groups=roles, build=build, iterations=ROUNDS, samples_per_step=g * k * batch,
+                         report_as={"group0+": "group0"} if split else {})
