@@ -300,3 +300,65 @@ def test_a_rows_measured_flow_lead_enters_its_prediction():
     assert lead["predicted_step_s"] < even["predicted_step_s"]
     # without a measurement, the emulated link's as measured on this machine
     assert validate.prediction(r, emu, cal)["link_flow_lead_bytes"] == emulate.FLOW_LEAD_BYTES
+
+
+def test_contenders_are_the_scenarios_fastest_within_decide_within():
+    def r(label, step):
+        return {"label": label, "strategy": label, "measured_step_s": step}
+
+    rows = [r("ps", 0.30), r("allreduce", 0.200), r("stanza", 0.203), r("hybrid", 0.2039), r("ralp", 0.2041)]
+    assert [x["label"] for x in validate.contenders(rows)] == ["allreduce", "stanza", "hybrid"]  # ralp: 2.05% off
+    assert validate.contenders([r("allreduce", 0.2), r("stanza", 0.21)]) == []  # 5% apart: decided
+    assert validate.contenders([r("allreduce", 0.2)]) == []
+    rows = [{**x, "model": "m", "workers": 2, "rate": "1Gbit"} for x in rows]
+    assert validate.gap(rows, ("m", 2, "1Gbit")) == pytest.approx(0.015)
+    assert validate.gap(rows, ("m", 4, "1Gbit")) == float("inf")  # no rows of that scenario
+
+
+def test_validate_decides_a_close_scenario_by_running_its_fastest_again_interleaved(tmp_path, monkeypatch):
+    """The matrix loop with its runs faked (the cluster and the runs are tested in the dist tests):
+    ps is far behind; allreduce and stanza measure 0.5% apart at first, so both run again, the
+    slower first, then the faster first — and the runs again decide stanza is the faster."""
+    import contextlib
+
+    from layerplan.runtime import emulate
+
+    steps = {"ps": [0.5], "allreduce": [0.200, 0.204, 0.205], "stanza": [0.201, 0.199, 0.200]}
+    order = []
+
+    def fake_run(case, emu, calibrated, matrix, run_dir):
+        order.append(case.strategy)
+        step = steps[case.strategy].pop(0)
+        return {"model": case.model, "strategy": case.strategy, "label": case.label, "workers": case.workers,
+                "rate": case.rate, "rate_bytes_per_s": 1.25e8, "batch_size": 16, "run_config": case.config,
+                "global_batch": 32, "steps_measured": 30, "measured_step_s": step, "measured_throughput": 32 / step,
+                "measured_bytes_per_step": 1.0, "wall_s": 7.0}
+
+    monkeypatch.setattr(emulate, "check_available", lambda: None)
+    monkeypatch.setattr(emulate, "running", lambda hosts, rate, name: contextlib.nullcontext(
+        emulate.Emulated(name=name, hosts=hosts, rate_bytes_per_s=1.25e8, subnet=0)))
+    monkeypatch.setattr(validate, "run_case", fake_run)
+    monkeypatch.setattr(validate, "too_slow", lambda *a: None)
+    def fake_prediction(row, emu, calibrated):
+        pt = {"ps": 50.0, "allreduce": 160.0, "stanza": 150.0}[row["strategy"]]  # predicted: allreduce
+        return {"predicted_step_s": 32 / pt, "error": 0.0, "preset_error": 0.0, "predicted_throughput": pt}
+
+    monkeypatch.setattr(validate, "prediction", fake_prediction)
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("ps", "allreduce", "stanza"),
+                        target_s=20.0, max_steps=30)  # 30 × 0.2 s: over REPEAT_BELOW_S, each runs once at first
+    doc = validate.validate(validate.replace(m, decide_s=10.0), tmp_path / "short", None)
+    assert order == ["ps", "allreduce", "stanza"]  # a round (2 runs of 7 s) needs more than the rate's 10 s
+    assert not doc["summary"]["best_decided"]
+    order.clear()
+    steps.update(ps=[0.5], allreduce=[0.200, 0.204, 0.205], stanza=[0.201, 0.199, 0.200])
+    doc = validate.validate(m, tmp_path, None)
+    # round 1 the slower first (stanza), round 2 the faster after round 1 first (stanza: 0.200 against 0.202)
+    assert order == ["ps", "allreduce", "stanza", "stanza", "allreduce", "stanza", "allreduce"]
+    rows = {r["strategy"]: r for r in doc["rows"]}
+    assert "measured_runs_s" not in rows["ps"] and "decider_runs" not in rows["ps"]
+    assert rows["allreduce"]["measured_runs_s"] == [0.200, 0.204, 0.205] and rows["allreduce"]["decider_runs"] == 2
+    assert rows["stanza"]["measured_step_s"] == pytest.approx(0.2)
+    b = doc["summary"]["scenarios"][0]
+    # measured once, allreduce (the predicted best) led; run three times each, stanza does
+    assert b["measured_best"] == "stanza" and not b["match"] and sorted(b["decided"]) == ["allreduce", "stanza"]
+    assert doc["summary"]["best_decided"] == 1

@@ -454,7 +454,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _validate_dry_run(validate.estimate(matrix, calibrated, [c for c in validate.cases(matrix)
                                                                         if validate.key(c) in {validate.key(r) for r in done}]),
-                                 args.json)
+                                 args.json, matrix)
     doc = validate.validate(matrix, out, calibrated, done=done, speed_reference=speed_reference,
                             load_reference=load_reference,
                             progress=None if args.json else (lambda what: con.print(f"[dim]running {what}[/]")))
@@ -505,14 +505,14 @@ def _validate_repredict(args: argparse.Namespace, out) -> int:
     return 0
 
 
-def _validate_dry_run(rows: list[dict], as_json: bool) -> int:
+def _validate_dry_run(rows: list[dict], as_json: bool, matrix) -> int:
     from rich.table import Table
 
     from layerplan import report, units
 
     total_s = sum(r["estimated_s"] for r in rows)
     if as_json:
-        emit_json({"configurations": rows, "estimated_s": total_s,
+        emit_json({"configurations": rows, "estimated_s": total_s, "decide_s_per_rate": matrix.decide_s,
                    "runs": sum(1 for r in rows if not r["skip"])})
         return 0
     t = Table(title="validate --dry-run: what would run (predicted with the presets unless --calibration/--resume)")
@@ -526,7 +526,8 @@ def _validate_dry_run(rows: list[dict], as_json: bool) -> int:
     con = report.console()
     con.print(t)
     con.print(f"{sum(1 for r in rows if not r['skip'])} configurations to run, about {total_s / 60:.0f} min "
-              f"(+ about a minute per rate to build the cluster and, unless --calibration, a few minutes to calibrate)")
+              f"(+ about a minute per rate to build the cluster, up to {matrix.decide_s:.0f} s per rate to run close "
+              "scenarios' fastest again and, unless --calibration, a few minutes to calibrate)")
     return 0
 
 

@@ -49,23 +49,26 @@ class Matrix:
     such runs would double --full's time and are never a scenario's best)."""
     groups: tuple[int, ...] = (1,)
     """groups rows (when "groups" is among the strategies): these g, where they divide the workers."""
+    decide_s: float = 60.0
+    """Per rate, at most this many seconds of runs again to decide close scenarios (DECIDE_WITHIN)."""
 
 
 MATRICES = {
     # FC-heavy (alexnet_cifar) and conv-heavy (resnet_cifar), 2 workers, 100 Mbit/s and 1 Gbit/s.
     "quick": Matrix(models=("alexnet_cifar", "resnet_cifar"), workers=(2,), rates=("100Mbit", "1Gbit"), target_s=8.0,
-                    max_steps=40),
+                    max_steps=40, decide_s=30.0),
     # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, 10 Gbit/s, hybrid (all three nets
     # have an FC phase it can partition) and Omnivore's groups with g = 1, 2, 4 (of 2 and 4 conv machines).
     # Configurations predicted over 20 s a step are left out (at 100 Mbit/s: vgg16_cifar and
-    # alexnet_cifar ps, vgg16_cifar ralp and groups — never a scenario's best), ~10 s of steps are
+    # alexnet_cifar ps, vgg16_cifar ralp and groups — never a scenario's best), ~9 s of steps are
     # measured per configuration, at least 2 (a 10 s step at 100 Mbit/s is one long, steady
     # transfer) and at most 30 (12 steps of resnet_cifar's 40 ms at 10 Gbit/s were 0.5 s, and a
-    # step's time spreads ±15% from one to the next there), so --full fits 45 min: 124
-    # configurations took 48 min with 12 s and 3.
+    # step's time spreads ±15% from one to the next there), and close scenarios get 45 s a rate of
+    # runs again (DECIDE_WITHIN), so --full fits 45 min: 124 configurations took 48 min with 12 s
+    # and 3; 129 took 43.5-44.4 min with 10 s, 30 and no deciding.
     "full": Matrix(models=("vgg16_cifar", "alexnet_cifar", "resnet_cifar"), workers=(2, 4),
                    rates=("100Mbit", "1Gbit", "10Gbit"), strategies=(*RUNTIME_STRATEGIES, "groups"), groups=(1, 2, 4),
-                   max_step_s=20.0, target_s=10.0, min_steps=2, max_steps=30),
+                   max_step_s=20.0, target_s=9.0, min_steps=2, max_steps=30, decide_s=45.0),
 }
 
 
@@ -151,6 +154,43 @@ order, and its measured step is the mean of the two runs' medians. A short run's
 with the run more than with its steps: resnet_cifar's DDP, 2 workers at 10 Gbit/s, six runs of 30
 steps one after another read 43.0-46.8 ms, and the same configuration read 40.9 ms half an hour
 earlier; a run's own steps spread less than that."""
+
+
+ROW_PROBE_WINDOW_S = 0.2
+"""The speed probe before each row runs its calls this long (at calibration time: 0.3 s): it is a
+record, and 129 rows' probes took 100 s of --full at 0.3 s."""
+DECIDE_WITHIN = 0.02
+"""Where a scenario's fastest configurations measured within this of the fastest one, ``validate``
+runs them again, interleaved (``contenders``), before it names the measured best: their runs ran
+minutes apart, and the machine drifts between them. resnet_cifar's DDP and stanza, 4 workers at
+100 Mbit/s, run one after the other five times each: 207.4-211.0 and 206.5-211.8 ms, a 0.5%
+difference of the means against a 1.7% spread of one's runs; over six full runs, each measured
+once, stanza's step read 0.989-1.014 of DDP's."""
+DECIDE_CONTENDERS = 3
+DECIDE_ROUNDS = 2
+"""Rounds of runs again: each round runs every contender of every close scenario once, the slowest
+first in the first round and the fastest first in the next (drift within a round weighs on both
+ends alike); a scenario whose contenders a round leaves more than DECIDE_WITHIN apart is decided."""
+
+
+def contenders(rows: list[dict]) -> list[dict]:
+    """One scenario's rows that ``validate`` runs again to decide which is fastest: those measured
+    within DECIDE_WITHIN of the fastest, fastest first, at most DECIDE_CONTENDERS; none where fewer
+    than two are."""
+    rs = sorted(rows, key=lambda r: r["measured_step_s"])
+    close = [r for r in rs[:DECIDE_CONTENDERS] if r["measured_step_s"] <= rs[0]["measured_step_s"] * (1 + DECIDE_WITHIN)]
+    return close if len(close) > 1 else []
+
+
+def gap(rows: list[dict], scenario: tuple) -> float:
+    """How far apart a scenario's fastest two rows measured (their steps' ratio less 1; inf with one)."""
+    steps = sorted(r["measured_step_s"] for r in rows if (r["model"], r["workers"], r["rate"]) == scenario)
+    return steps[1] / steps[0] - 1.0 if len(steps) > 1 and steps[0] > 0 else math.inf
+
+
+def run_wall_s(row: dict) -> float:
+    """The wall time one run of a row took (its runs' mean)."""
+    return row["wall_s"] / max(1, len(row.get("measured_runs_s") or [None]))
 
 
 def repeats(matrix: Matrix, predicted_step_s: float) -> int:
@@ -409,7 +449,9 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         noise = max((run_spread(r) for r in (p, m)), default=0.0)
         best.append({"model": key[0], "workers": key[1], "rate": key[2], "predicted_best": pl,
                      "measured_best": ml, "match": pl == ml, "choice_loss": loss,
-                     "within_run_spread": pl != ml and loss <= noise})
+                     "within_run_spread": pl != ml and loss <= noise,
+                     # its fastest were run again, interleaved, to decide (DECIDE_WITHIN)
+                     "decided": [r.get("label", r["strategy"]) for r in rs if r.get("decider_runs")]})
     return {
         "configurations": len(rows),
         "median_abs_error": statistics.median(errs) if errs else None,
@@ -421,6 +463,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "best_match_fraction": (sum(b["match"] for b in best) / len(best)) if best else None,
         "best_within_run_spread": sum(b["within_run_spread"] for b in best),
+        "best_decided": sum(bool(b["decided"]) for b in best),
         "max_choice_loss": max((b["choice_loss"] for b in best), default=None),
         "scenarios": best,
         "speedups": speedups(rows),
@@ -558,8 +601,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 if progress:
                     progress(f"{c.model} {c.label} {c.workers}w {rate}")
                 try:
-                    probe = speed_probe() if track else None
-                    load = speed_probe(threads=2) if track else None
+                    probe = speed_probe(ROW_PROBE_WINDOW_S) if track else None
+                    load = speed_probe(ROW_PROBE_WINDOW_S, threads=2) if track else None
                     row = run_case(c, emu, calibrated, matrix, out_dir / "runs")
                     if track:
                         row.update(speed=probe / speed_reference, probe_flops_per_s=probe, link_cpu_s_per_byte=link_cpu,
@@ -573,22 +616,41 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     if skip:
                         skip(c, reason)
                 write(out_dir, rows, skipped, calibrated, meta)  # a partial result survives an interrupted run
-            # the short configurations once more, the last first (REPEAT_BELOW_S)
-            for c in reversed(batch):
-                i = next((i for i, r in enumerate(rows) if key(r) == key(c)), None)
-                if i is None or "measured_runs_s" in rows[i] or repeats(matrix, rows[i]["predicted_step_s"]) < 2:
-                    continue
+
+            def again(c: Case, why: str) -> None:
+                """Run ``c`` once more; its row's measured step becomes the mean of its runs'."""
+                i = next(i for i, r in enumerate(rows) if key(r) == key(c))
                 if progress:
-                    progress(f"{c.model} {c.label} {c.workers}w {rate} (again)")
+                    progress(f"{c.model} {c.label} {c.workers}w {rate} ({why})")
                 try:
-                    again = run_case(c, emu, calibrated, matrix, out_dir / "runs")
-                except RunError as e:  # the first run stands
+                    more = run_case(c, emu, calibrated, matrix, out_dir / "runs")
+                except RunError as e:  # the runs before stand
                     skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate,
-                                    "reason": f"second run failed (the first is kept): {e}"})
-                    continue
-                merged = merge_runs(rows[i], again)
+                                    "reason": f"a run again failed (the runs before are kept): {e}"})
+                    return
+                merged = merge_runs(rows[i], more)
+                if why == "deciding":
+                    merged["decider_runs"] = rows[i].get("decider_runs", 0) + 1
                 rows[i] = {**merged, **prediction(merged, emu, calibrated)}
                 write(out_dir, rows, skipped, calibrated, meta)
+
+            # the short configurations once more, the last first (REPEAT_BELOW_S)
+            for c in reversed(batch):
+                r = next((r for r in rows if key(r) == key(c)), None)
+                if r is not None and "measured_runs_s" not in r and repeats(matrix, r["predicted_step_s"]) >= 2:
+                    again(c, "again")
+            # where a scenario's fastest measured within DECIDE_WITHIN: those again, interleaved, the
+            # closest scenarios first, as long as the rate's time for it lasts (Matrix.decide_s)
+            by_key, left_s = {key(c): c for c in batch}, matrix.decide_s
+            for round_ in range(DECIDE_ROUNDS):
+                for scenario in sorted(dict.fromkeys(c.scenario for c in batch), key=lambda sc: gap(rows, sc)):
+                    close = contenders([r for r in rows if (r["model"], r["workers"], r["rate"]) == scenario])
+                    cost_s = sum(run_wall_s(r) for r in close)
+                    if not close or cost_s > left_s or any(key(r) not in by_key for r in close):  # --resume's rows
+                        continue
+                    left_s -= cost_s
+                    for r in (close[::-1] if round_ % 2 == 0 else close):
+                        again(by_key[key(r)], "deciding")
     return write(out_dir, rows, skipped, calibrated, meta)
 
 
@@ -724,7 +786,8 @@ def print_summary(doc: dict, con=None) -> None:
         con.print(f"  {b['model']}, {b['workers']} workers, {b['rate']}: predicted best {b['predicted_best']}, "
                   f"measured best {b['measured_best']} " + ("✓" if b["match"] else
                   f"✗ (the predicted best ran {100 * b.get('choice_loss', 0.0):.1f}% below it"
-                  + (", less than the two runs of either differed" if b.get("within_run_spread") else "") + ")"))
+                  + (", less than the two runs of either differed" if b.get("within_run_spread") else "") + ")")
+                  + (f" (decided by running {', '.join(b['decided'])} again, interleaved)" if b.get("decided") else ""))
     for sp in s["speedups"]:
         con.print(f"  stanza vs {sp['vs']} ({sp['model']}, {sp['workers']} workers, {sp['rate']}): measured "
                   f"{sp['measured']:.2f}×, predicted {sp['predicted']:.2f}× ({100 * sp['error']:+.1f}%)")
