@@ -327,20 +327,28 @@ def test_more_ranks_than_cores_wait_at_every_round_and_message():
         replace(c, oversubscribed_wait_s=-1.0)
 
 
-def test_a_message_costs_cpu_at_each_end_on_oversubscribed_cores():
+def test_a_message_costs_cpu_at_each_end_on_oversubscribed_cores_while_compute_takes_them():
     """oversubscribed_message_cpu_s: each node that sends or receives a transfer spends it on the
-    shared cores, when the step's nodes outnumber them (and only then), slowing compute beside it."""
+    shared cores, when the step's nodes outnumber them and the transfer starts while the compute
+    running takes every core (and only then), slowing that compute."""
     c = replace(cluster(bandwidth=1e12, latency=0.0, nodes=8, shared_cores=2), oversubscribed_message_cpu_s=1e-3)
     msg = Transfer(name="t", src="a", dst="b", bytes_per_flow=1e3, pattern="spread")
+    # 2 senders and 1 receiver with nothing computing: a core is free, the ranks wake there
     alone = StepGraph(groups={"a": 2, "b": 1}, samples_per_step=1, tasks=(msg,))
-    # 2 senders and 1 receiver: 3 ms of CPU on the 2 cores, where the bytes take a nanosecond
-    assert simulate(alone, c).step_time_s == pytest.approx(1.5e-3, rel=1e-3)
-    assert simulate(alone, replace(c, shared_cores=3)).step_time_s < 1e-6  # 3 nodes on 3 cores: not charged
-    assert simulate(alone, replace(c, oversubscribed_message_cpu_s=0.0)).step_time_s < 1e-6
-    beside = StepGraph(groups={"a": 2, "b": 1, "w": 1}, samples_per_step=1, tasks=(
-        msg, Compute(name="c", group="w", seconds=1.0)))
+    assert simulate(alone, c).step_time_s < 1e-6
+    # beside 2 compute threads (both cores busy): 3 ms of CPU for the bytes' nanosecond, on cores it
+    # shares with the compute (more than the 1.5 ms it would take both cores for), and the compute
+    # gets less of them
+    work = Compute(name="c", group="w", seconds=1.0)
+    beside = StepGraph(groups={"a": 2, "b": 1, "w": 2}, samples_per_step=1, tasks=(work, msg))
+    timeline = {e.name: e for e in simulate(beside, c).timeline}
+    assert timeline["t"].end_s - timeline["t"].start_s > 1.5e-3
+    assert simulate(beside, c).step_time_s > 1.0
     assert simulate(beside, replace(c, oversubscribed_message_cpu_s=0.0)).step_time_s == pytest.approx(1.0)
-    assert simulate(beside, c).step_time_s > 1.0  # the message's CPU took a share of a core from the compute
+    assert simulate(beside, replace(c, shared_cores=5)).step_time_s == pytest.approx(1.0)  # 5 nodes on 5 cores
+    # one compute thread leaves a core free: not charged
+    one = StepGraph(groups={"a": 2, "b": 1, "w": 1}, samples_per_step=1, tasks=(work, msg))
+    assert simulate(one, c).step_time_s == pytest.approx(1.0)
     with pytest.raises(SpecError, match="oversubscribed_message_cpu_s"):
         replace(c, oversubscribed_message_cpu_s=-1.0)
 

@@ -295,7 +295,8 @@ class ClusterSpec:
     the 2 cores, 0.4-1 ms with 4; resnet_cifar's runs counted 1-7 ms of CPU a step per rank beyond
     compute and bytes (Omnivore's 4 groups of one machine at 1 Gbit/s: 7 ms on each server).
     ``layerplan calibrate`` times pairs of ranks, twice as many as cores, exchanging a message
-    after each burst of compute. A collective's calls are ``collective_wait_s``'s (timed whole,
+    after each burst of compute. The engine charges it to a transfer that starts while the step's
+    compute takes every core; one that starts with a core free wakes its ranks there. A collective's calls are ``collective_wait_s``'s (timed whole,
     their CPU with them). 0: not modelled."""
     collective_wait_s: float = 0.0
     """With shared_cores: seconds every collective call (an all-reduce, a broadcast) adds to a

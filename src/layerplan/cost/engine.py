@@ -30,7 +30,9 @@ workers is four tasks, not a million flows.
   met); with more nodes in the step than shared cores, every collective round
   and every message also waits ``oversubscribed_wait_s`` (its receiver may be off its core), each
   node that sends or receives a transfer spends ``oversubscribed_message_cpu_s`` of CPU on it (it
-  blocks and wakes on a busy core), and
+  blocks and wakes on a busy core) — where the transfer starts while the compute running takes
+  every core; with a core free, it wakes there (stanza's activations after the forward pass,
+  a parameter server's pushes after the workers' backward, with every rank of the step waiting) —, and
   while more compute threads run than there are cores, the cores give
   ``oversubscribed_core_capacity`` (time slicing: each switch refills the caches). A link with a
   token bucket (``LinkSpec.burst_bytes``, the emulated cluster's tbf) passes bytes at once while
@@ -532,6 +534,10 @@ class _Act:
     threads: float = 0.0
     """A network activity's threads on the shared cores (CFS shares the cores by thread): a flow's
     two ends, a collective's one per node."""
+    contested_cpu: float = 0.0
+    """A point-to-point message's CPU on oversubscribed cores (``oversubscribed_message_cpu_s`` per
+    end, as a part of its shared-cores coefficient): charged only where the message starts while
+    the compute running takes every core (``simulate``)."""
     deps: list[int] = field(default_factory=list)
     dependents: list[int] = field(default_factory=list)
     waiting: int = 0
@@ -539,6 +545,11 @@ class _Act:
     end: float = math.nan
     remaining: float = 0.0
     rate: float = 0.0
+
+
+def _computing_threads(running: list[_Act], cores: int | None) -> float:
+    """Compute threads running on the shared cores (one per node of each running compute task)."""
+    return sum(c for a in running if not a.network for r, c in a.coefs if r == cores)
 
 
 def _is_network(t) -> bool:
@@ -565,6 +576,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
     for i, t in enumerate(tasks):
         coefs: list[tuple[int, float]] = []
         latency, amount, threads = 0.0, 0.0, 0.0
+        contested_cpu = 0.0
         sent: dict[str, float] = {}
         recv: dict[str, float] = {}
         payload: dict[str, float] = {}
@@ -591,6 +603,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                         # node that sends or receives the transfer once (it blocks and wakes once)
                         ends = (groups[t.src] if out_f else 0) + (groups[t.dst] if in_f else 0)
                         coefs.append((res.cores, 2.0 * cluster.comm_cpu_s_per_byte * total_f + message_cpu_s * ends / amount))
+                        contested_cpu = message_cpu_s * ends / amount
                         threads = 2.0 * total_f
                 total = t.bytes_per_flow * total_f
                 sent[t.src] = total
@@ -641,6 +654,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
         acts.append(_Act(index=i, name=t.name, iteration=its[i], latency=latency, amount=amount, coefs=coefs,
                          queue=t.queue, rows=_groups_of(t), tag=t.tag, sent=sent, recv=recv, payload=payload, links=links,
                          network=_is_network(t), nic_group=nic_group, cap=cap, threads=threads,
+                         contested_cpu=contested_cpu,
                          scale=scale if 0 < scale < math.inf else 1.0))
     for a, t in zip(acts, tasks):
         a.deps = [index[d] for d in t.deps]
@@ -779,6 +793,10 @@ def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = No
 
     def begin(a: _Act, fresh: list[int]) -> None:
         a.start = now
+        if a.contested_cpu and _computing_threads(running, res.cores) < cluster.shared_cores - 1e-9:
+            # a core is free: the message's ranks wake on it without taking a busy core's turn
+            a.coefs = [(r, c - a.contested_cpu if r == res.cores else c) for r, c in a.coefs
+                       if r != res.cores or c - a.contested_cpu > 1e-15]
         if a.latency > 0:
             heapq.heappush(latent, (now + a.latency, a.index))
         elif a.amount > 0:
@@ -835,8 +853,7 @@ def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = No
         if running:
             caps_now, full_now = res.caps, full
             if over_caps is not None:
-                threads = sum(c for a in running if not a.network for r, c in a.coefs if r == res.cores)
-                if threads > cluster.shared_cores + 1e-9:
+                if _computing_threads(running, res.cores) > cluster.shared_cores + 1e-9:
                     caps_now, full_now = over_caps, over_full
             if buckets:
                 caps_now, full_now = list(caps_now), list(full_now)
