@@ -174,3 +174,28 @@ class _nullcontext:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_plan_names_the_plans_within_two_percent_of_the_best(capsys):
+    """resnet_cifar on 2 K40s: butterfly and recursive doubling are one exchange with 2 nodes (the
+    same prediction), ring 1% behind: a near tie the user is told to measure; tree 14% behind is not."""
+    assert cli.main(["plan", "resnet_cifar", "--cluster", "k40", "--nodes", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    best = doc["ranked"][0]["throughput_samples_per_s"]
+    close = [r["rank"] for r in doc["ranked"][1:] if r["throughput_samples_per_s"] >= 0.98 * best]
+    assert doc["near_best"][:len(close)] == close and len(close) >= 2
+    assert all(r["rank"] not in doc["near_best"] for r in doc["ranked"] if r["throughput_samples_per_s"] < 0.98 * best)
+    assert cli.main(["plan", "resnet_cifar", "--cluster", "k40", "--nodes", "2"]) == 0
+    assert "within 2% of #1's throughput: a near tie" in capsys.readouterr().out
+
+
+def test_near_best_is_relative_to_the_best_plan():
+    from types import SimpleNamespace
+
+    from layerplan.plan.planner import Ranked, near_best
+
+    def r(throughput):
+        return Ranked(strategy="x", config=None, prediction=SimpleNamespace(throughput_samples_per_s=throughput))
+
+    assert near_best([r(100.0), r(99.0), r(98.0), r(97.9)]) == [1, 2]
+    assert near_best([r(100.0), r(90.0)]) == [] and near_best([]) == []

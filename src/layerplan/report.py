@@ -235,6 +235,8 @@ def plan_rows(ranked, top: int):
 
 
 def plan_dict(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str], top: int) -> dict[str, Any]:
+    from layerplan.plan.planner import near_best
+
     best_ps, ring, rows = plan_rows(ranked, top)
     return {
         "model": net.name, "cluster": cluster.to_dict(), "batch_size": batch,
@@ -247,6 +249,8 @@ def plan_dict(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str]
                    for i, r in enumerate(rows)],
         "not_applicable": skipped,
         "skipped": dict(getattr(ranked, "skipped", {})),
+        # ranks (1-based) within NEAR_BEST of the best's throughput: a near tie, for a measurement to call
+        "near_best": [i + 1 for i in near_best(ranked)],
     }
 
 
@@ -260,6 +264,8 @@ def _hybrid_layers(net: NetSpec, ranked, batch: int) -> dict[str, Any]:
 
 
 def print_plan(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str], top: int) -> None:
+    from layerplan.plan.planner import NEAR_BEST, near_best
+
     best_ps, ring, rows = plan_rows(ranked, top)
     t = Table(title=f"{net.name} on {cluster.describe()}, {batch} samples/worker: {len(ranked)} plans ranked",
               title_justify="left")
@@ -270,6 +276,11 @@ def print_plan(net: NetSpec, cluster, batch: int, ranked, skipped: dict[str, str
                   f"{r.throughput:,.1f}", _speedup(r, best_ps), _speedup(r, ring), r.prediction.bottleneck,
                   style="bold green" if i == 0 else None)
     console().print(t)
+    close = near_best(ranked)
+    if close:
+        console().print(f"{'#' + ', #'.join(str(i + 1) for i in close[:5])}{' and more' if len(close) > 5 else ''} "
+                        f"within {100 * NEAR_BEST:.0f}% of #1's throughput: a near tie — plans this close trade places "
+                        "from run to run; run them (layerplan train) to choose", markup=False, soft_wrap=True)
     hybrids = [(i, r) for i, r in enumerate(rows) if r.strategy == "hybrid"]
     # the best hybrid row, and the best one with several FC machines (where the choice matters)
     shown = hybrids[:1] + [h for h in hybrids if h[1].config.fc_workers > 1][:1]

@@ -42,6 +42,22 @@ class Ranked:
         return self.prediction.throughput_samples_per_s
 
 
+NEAR_BEST = 0.02
+"""Plans whose predicted throughput is within this of the best's are called near ties: on the
+emulated cluster (``layerplan validate``), plans this close traded places from one run to the
+next — resnet_cifar's DDP and stanza at 4 workers and 100 Mbit/s measured 0.989-1.014 of each
+other's step over eight full runs — while the model's median error per plan is 2-3%."""
+
+
+def near_best(ranked: Sequence[Ranked], within: float = NEAR_BEST) -> list[int]:
+    """Indices (into ``ranked``, best first) of the plans after the best whose throughput is within
+    ``within`` of its: which one is faster is for a measurement to say."""
+    if not ranked or ranked[0].throughput <= 0:
+        return []
+    best = ranked[0].throughput
+    return [i for i in range(1, len(ranked)) if ranked[i].throughput >= best * (1 - within)]
+
+
 class Ranking(list):
     """``Ranked`` plans, best first, and ``skipped``: "strategy config" → why it was left out."""
 
