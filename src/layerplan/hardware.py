@@ -296,8 +296,9 @@ class ClusterSpec:
     compute and bytes (Omnivore's 4 groups of one machine at 1 Gbit/s: 7 ms on each server).
     ``layerplan calibrate`` times pairs of ranks, twice as many as cores, exchanging a message
     after each burst of compute. The engine charges it to a transfer that starts while the step's
-    compute takes every core; one that starts with a core free wakes its ranks there. A collective's calls are ``collective_wait_s``'s (timed whole,
-    their CPU with them). 0: not modelled."""
+    compute takes every core; one that starts with a core free wakes its ranks there. A
+    collective's calls are ``collective_wait_s``'s (timed whole, their CPU with them). 0: not
+    modelled."""
     collective_wait_s: float = 0.0
     """With shared_cores: seconds every collective call (an all-reduce, a broadcast) adds to a
     training step beyond its rounds' latency and its bytes. The ranks meet at each call, so each
