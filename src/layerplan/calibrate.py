@@ -289,14 +289,19 @@ def _run_compute(processes: int, cfg: dict, log_dir: Path, advance
                             tuple[float, list[list[float]]]]:
     """Layers; per repeat, process 0's seconds per forward+backward by layer key alone, then every
     process's with all running at once; process 0's update memory bandwidth (at 32 MiB, and by
-    size). Alone and shared alternate repeat by repeat on the same processes, so a drift of the
-    machine's speed (which moves both) does not pass for contention; all processes start a shared repeat together (a
+    size), alone, before the repeats and after them, the higher of the two at each size. Alone and
+    shared alternate repeat by repeat on the same processes, so a drift of the machine's speed
+    (which moves both) does not pass for contention; all processes start a shared repeat together (a
     "go" line), so they really share the cores."""
     procs = _Procs([_worker_argv("compute", cfg)] * processes, [_base_env()] * processes, log_dir)
+
+    def update_curve() -> list[list[float]]:
+        procs.send("update", [0])
+        return procs.expect("update", [0])[0]["update_curve"]
+
     try:
-        ready = procs.expect("ready", processes)
-        layers = ready[0]["layers"]
-        update_bw = ready[0]["update_bytes_per_s"], ready[0]["update_curve"]
+        layers = procs.expect("ready", processes)[0]["layers"]
+        first = update_curve()
         alone, shared = [], []
         for _ in range(cfg["repeats"]):
             procs.send("go", [0])
@@ -306,9 +311,12 @@ def _run_compute(processes: int, cfg: dict, log_dir: Path, advance
             got = procs.expect("repeat", processes)
             shared.append([got[i]["time_s"] for i in range(processes)])
             advance()
+        # measured while the other processes build their layers, a 128 MiB update read 22 GB/s in
+        # one calibration against 34-39 in eight others: alone, twice, the higher
+        curve = [[b, max(r0, r1)] for (b, r0), (_, r1) in zip(first, update_curve())]
         procs.send("stop")
         procs.expect("done", processes)
-        return layers, alone, shared, update_bw
+        return layers, alone, shared, (next(r for b, r in curve if b == 4 * UPDATE_PARAMS), curve)
     finally:
         procs.close()
 
@@ -436,8 +444,11 @@ def measure_rounds(cores: int, repeats: int, log_dir: Path) -> dict:
 
 MESSAGE_ROUNDTRIPS = 30
 """Round trips each pair of ``measure_message_cpu``'s ranks makes per repeat (after one warm-up repeat)."""
-MESSAGE_REPEATS = 3
-"""``measure_message_cpu`` repeats at least this often: a repeat's figure moves by ±50% here."""
+MESSAGE_REPEATS = 6
+"""``measure_message_cpu`` repeats at least this often: a repeat's figure moves by ±50% here, and
+the figure of ten calls (their geometric mean over 4 ranks × 6 repeats) by ±13% (3 repeats: ±18%)."""
+MESSAGE_FLOOR_S = 1e-6
+"""A rank's figure of a repeat is at least this (a microsecond) before its logarithm is taken."""
 MESSAGE_BURST_MATMULS = 75
 """Products of two 256×256 matrices each rank computes before each round trip: 35 ms here, the
 compute of resnet_cifar's step at batch 16 between its messages. The figure depends on it: the
@@ -450,7 +461,7 @@ def measure_message_cpu(cores: int, repeats: int, log_dir: Path) -> dict:
     pairs, each rank a burst of compute then a round trip of a small message with its partner —
     the pattern of a training step's ranks. A rank's CPU time beyond its bursts' over its round
     trips, halved (a round trip is one send and one receive at each end), is its figure of a
-    repeat; the result is the median over ranks and repeats. With the cores free a message costs
+    repeat; the result is the geometric mean over ranks and repeats. With the cores free a message costs
     next to nothing (0.05 ms an end here); with each core shared by two ranks, a rank blocks while
     its partner waits for a core and pays on waking (0.4-1 ms an end here, from one calibration to
     the next). Not measured (0) on machines of over 8 cores, as ``round_ranks``."""
@@ -466,11 +477,15 @@ def measure_message_cpu(cores: int, repeats: int, log_dir: Path) -> dict:
         procs.expect("done", n)
     finally:
         procs.close()
-    # each rank's figure of each repeat, their median: a rank preempted in the middle of its waits
-    # reads several times the others (0.2-2.9 ms in one run)
-    row = spread([v for i in range(n) for v in got[i]["cpu_s_per_end"]])
+    # each rank's figure of each repeat, their geometric mean: the figures spread over a decade
+    # (0.1-3 ms in one call: a rank preempted in the middle of its waits reads several times its
+    # partner), and their median sits now in the low cluster, now in the high one (0.40-1.03 ms over
+    # ten calls; the geometric mean 0.45-0.84 ms)
+    values = [v for i in range(n) for v in got[i]["cpu_s_per_end"]]
+    row = spread(values)
+    row["geometric_mean"] = math.exp(statistics.fmean(math.log(max(v, MESSAGE_FLOOR_S)) for v in values))
     return {"ranks": n, "burst_cpu_s": statistics.fmean(got[i]["burst_cpu_s"] for i in range(n)),
-            "cpu_s_per_end": row, "oversubscribed_message_cpu_s": max(0.0, row["median"])}
+            "cpu_s_per_end": row, "oversubscribed_message_cpu_s": row["geometric_mean"]}
 
 
 SYNC_NETS = ("alexnet_cifar", "vgg16_cifar", "resnet_cifar")
@@ -1307,12 +1322,13 @@ def _compute_worker(cfg: dict) -> None:
                        "batch": it["batch"], "count": it["count"], "first": it["first"], "fwd_flops": fwd,
                        "flops": total, "param_bytes": pbytes, "in_bytes": math.prod(it["in_shape"]) * 4,
                        "out_bytes": math.prod(it["out_shape"]) * 4})
-    curve = _update_curve()  # its 32 MiB point is the device's mem_bandwidth_bytes_per_s
-    _emit(event="ready", layers=layers, update_bytes_per_s=next(r for b, r in curve if b == 4 * UPDATE_PARAMS),
-          update_curve=curve)
+    _emit(event="ready", layers=layers)
     rep = 0
-    while sys.stdin.readline().strip() == "go":  # alone or with the others, as the parent says; "stop" ends
-        times = {}
+    while (command := sys.stdin.readline().strip()) in ("go", "update"):  # as the parent says; "stop" ends
+        if command == "update":  # its 32 MiB point is the device's mem_bandwidth_bytes_per_s
+            _emit(event="update", update_curve=_update_curve())
+            continue
+        times = {}  # alone or with the others
         for key, step in steps.items():  # a time window per layer keeps concurrent processes in step
             times[key] = _per_call_s(step, cfg["min_iters"], cfg["window_s"])
         _emit(event="repeat", rep=rep, time_s=times)

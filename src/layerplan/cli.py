@@ -436,9 +436,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
                       "(quick; --calibration FILE reuses a calibration)")
         # the speed the calibration saw: probed on both sides of it, one thread and both cores loaded
         before, before_load = calibrate.speed_probe(), calibrate.speed_probe(threads=2)
-        calibrated = calibrate.to_cluster(calibrate.calibrate(on="local", quick=True, progress=not args.json,
-                                                              profile=matrix.models,
-                                                              profile_batches=validate.profile_batches(matrix)))
+        measured = calibrate.calibrate(on="local", quick=True, progress=not args.json, profile=matrix.models,
+                                       profile_batches=validate.profile_batches(matrix))
+        out.mkdir(parents=True, exist_ok=True)
+        calibrated = calibrate.save(measured, out / "calibration.yaml")  # --calibration FILE reuses it
         speed_reference = (before + calibrate.speed_probe()) / 2.0
         load_reference = (before_load + calibrate.speed_probe(threads=2)) / 2.0
         from layerplan.runtime import emulate
