@@ -145,6 +145,7 @@ def test_cluster_file_round_trips_through_the_loader_and_the_cli(tmp_path, capsy
     assert spec.nic.latency_s == pytest.approx(85e-6)
     if suffix == ".yaml":
         assert path.read_text().startswith("# layerplan calibrate --on ")
+        assert "550 µs of CPU at each end (oversubscribed_message_cpu_s; the geometric mean of 2" in path.read_text()
     assert cli.main(["hardware", "--cluster", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == spec.to_dict()
 

@@ -1082,8 +1082,10 @@ def summary_lines(result: dict) -> list[str]:
     if msgs.get("ranks"):
         lines.append(f"a message between {msgs['ranks']} ranks in pairs on {result['machine']['cores']} cores, after "
                      f"{units.format_seconds(msgs['burst_cpu_s'])} of compute each: "
-                     f"{f(msgs['cpu_s_per_end'], units.format_seconds)} of CPU at each end "
-                     f"(oversubscribed_message_cpu_s)")
+                     f"{units.format_seconds(msgs['oversubscribed_message_cpu_s'])} of CPU at each end "
+                     f"(oversubscribed_message_cpu_s; the geometric mean of {len(msgs['cpu_s_per_end']['values'])} "
+                     f"figures, {units.format_seconds(min(msgs['cpu_s_per_end']['values']))}–"
+                     f"{units.format_seconds(max(msgs['cpu_s_per_end']['values']))})")
     sync = result.get("synchronized_steps") or {}
     if sync.get("capacity"):
         lines.append(f"training steps in lockstep (a barrier each), against one process alone: {sync['cores']} processes "
