@@ -98,6 +98,18 @@ def test_short_configurations_run_twice_and_their_step_is_the_mean_of_the_runs()
     assert not s["match"] and s["choice_loss"] == pytest.approx(1 - 0.042 / 0.0425)
     assert s["within_run_spread"]  # 1.2% slower, where the ps row's runs differed by 9.5%
     assert first["measured_step_s"] == 0.040  # the first run's row is left as it was
+
+
+def test_two_runs_that_disagree_get_a_third_and_the_median():
+    """Two runs more than RUNS_DISAGREE apart are run a third time; with three runs or more the
+    step is their median, so one disturbed run does not count."""
+    first = {**row("resnet_cifar", "groups", 0.0438, 0.0415), "global_batch": 32, "steps_measured": 30, "wall_s": 3.0}
+    two = validate.merge_runs(first, {**first, "measured_step_s": 0.0703})
+    assert validate.disagree(two) and not validate.disagree(first)
+    assert not validate.disagree(validate.merge_runs(first, {**first, "measured_step_s": 0.0438 * 1.1}))
+    three = validate.merge_runs(two, {**first, "measured_step_s": 0.0446})
+    assert three["measured_runs_s"] == [0.0438, 0.0703, 0.0446] and three["measured_step_s"] == pytest.approx(0.0446)
+    assert three["measured_throughput"] == pytest.approx(32 / 0.0446) and not validate.disagree(three)
     busy = {**first, "measured_cpu_cores": 1.6, "measured_cpu_cores_by_role": {"worker": 0.7, "server": 0.2}}
     merged = validate.merge_runs(busy, {**busy, "measured_cpu_cores": 1.8,
                                         "measured_cpu_cores_by_role": {"worker": 0.8, "server": 0.2}})
@@ -152,8 +164,11 @@ def test_validate_runs_the_matrix_on_an_emulated_cluster(tmp_path):
     for r in doc["rows"]:
         assert r["measured_step_s"] > 0 and r["predicted_step_s"] > 0
         assert r["measured_bytes_per_step"] == pytest.approx(r["predicted_bytes_per_step"], rel=0.02)
-        # a few short steps: run twice, the step the mean of the two runs' (REPEAT_BELOW_S)
-        assert len(r["measured_runs_s"]) == 2 and r["measured_step_s"] == pytest.approx(sum(r["measured_runs_s"]) / 2)
+        # a few short steps: run twice, the step the mean of the two runs' (REPEAT_BELOW_S), and a
+        # third time where the two disagree (RUNS_DISAGREE), the step the median of the three
+        runs = r["measured_runs_s"]
+        assert len(runs) == (3 if max(runs[:2]) / min(runs[:2]) - 1 > validate.RUNS_DISAGREE else 2)
+        assert r["measured_step_s"] == pytest.approx(sum(runs) / 2 if len(runs) == 2 else sorted(runs)[1])
     assert (tmp_path / "predicted-vs-measured.png").stat().st_size > 0
     assert (tmp_path / "throughput-by-strategy.png").stat().st_size > 0
     assert not [ns for ns in emulate.namespaces() if ns.startswith(f"{emulate.PREFIX}-{validate.EMULATION_NAME}-")]
