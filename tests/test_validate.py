@@ -110,6 +110,13 @@ def test_two_runs_that_disagree_get_a_third_and_the_median():
     three = validate.merge_runs(two, {**first, "measured_step_s": 0.0446})
     assert three["measured_runs_s"] == [0.0438, 0.0703, 0.0446] and three["measured_step_s"] == pytest.approx(0.0446)
     assert three["measured_throughput"] == pytest.approx(32 / 0.0446) and not validate.disagree(three)
+    # the cores busy: the mean of all the runs', each weighing the same
+    busy = {**first, "measured_cpu_cores": 1.2, "measured_cpu_cores_by_role": {"worker": 0.6}}
+    runs = [{**busy, "measured_step_s": 0.044, "measured_cpu_cores": c, "measured_cpu_cores_by_role": {"worker": c / 2}}
+            for c in (1.5, 1.8)]
+    merged = validate.merge_runs(validate.merge_runs(busy, runs[0]), runs[1])
+    assert merged["measured_cpu_cores"] == pytest.approx(1.5)
+    assert merged["measured_cpu_cores_by_role"]["worker"] == pytest.approx(0.75)
     busy = {**first, "measured_cpu_cores": 1.6, "measured_cpu_cores_by_role": {"worker": 0.7, "server": 0.2}}
     merged = validate.merge_runs(busy, {**busy, "measured_cpu_cores": 1.8,
                                         "measured_cpu_cores_by_role": {"worker": 0.8, "server": 0.2}})

@@ -445,8 +445,9 @@ def measure_rounds(cores: int, repeats: int, log_dir: Path) -> dict:
 MESSAGE_ROUNDTRIPS = 30
 """Round trips each pair of ``measure_message_cpu``'s ranks makes per repeat (after one warm-up repeat)."""
 MESSAGE_REPEATS = 6
-"""``measure_message_cpu`` repeats at least this often: a repeat's figure moves by ±50% here, and
-the figure of ten calls (their geometric mean over 4 ranks × 6 repeats) by ±13% (3 repeats: ±18%)."""
+"""``measure_message_cpu`` repeats at least this often: a repeat's figure moves by ±50% here; the
+result (the geometric mean over 4 ranks × 6 repeats) varied from call to call with a coefficient
+of variation of 0.13 over ten calls (3 repeats: 0.18)."""
 MESSAGE_FLOOR_S = 1e-6
 """A rank's figure of a repeat is at least this (a microsecond) before its logarithm is taken."""
 MESSAGE_BURST_MATMULS = 75
@@ -463,8 +464,8 @@ def measure_message_cpu(cores: int, repeats: int, log_dir: Path) -> dict:
     trips, halved (a round trip is one send and one receive at each end), is its figure of a
     repeat; the result is the geometric mean over ranks and repeats. With the cores free a message costs
     next to nothing (0.05 ms an end here); with each core shared by two ranks, a rank blocks while
-    its partner waits for a core and pays on waking (0.4-1 ms an end here, from one calibration to
-    the next). Not measured (0) on machines of over 8 cores, as ``round_ranks``."""
+    its partner waits for a core and pays on waking (0.1-3 ms an end here, one rank and repeat to
+    the next; their geometric mean 0.45-0.84 ms over ten calls). Not measured (0) on machines of over 8 cores, as ``round_ranks``."""
     from layerplan.runtime.launch import free_port
 
     if cores > 8:

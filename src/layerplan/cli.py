@@ -405,7 +405,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         matrix = validate.replace(matrix, rates=tuple(args.rates))
     out = Path(args.out)
     done: list[dict] = []
-    calibrated = None
+    calibrated = measured = None
     speed_reference = load_reference = None  # None: validate probes the machine's speed when it starts
     if args.repredict:
         return _validate_repredict(args, out)
@@ -464,7 +464,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         validate.print_rows(doc["rows"])
         validate.print_summary(doc)
-        con.print(f"wrote {out / 'validate.json'}, {out / 'predicted-vs-measured.png'}, {out / 'throughput-by-strategy.png'}")
+        con.print(f"wrote {out / 'validate.json'}, {out / 'predicted-vs-measured.png'}, {out / 'throughput-by-strategy.png'}"
+                  + (f" and the calibration it used, {out / 'calibration.yaml'}" if measured is not None else ""))
     return 0
 
 

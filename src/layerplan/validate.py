@@ -298,10 +298,10 @@ def merge_runs(first: dict, again: dict) -> dict:
     throughput from it, steps and wall time summed; the cores busy the mean of the runs'."""
     runs = [*first.get("measured_runs_s", [first["measured_step_s"]]), again["measured_step_s"]]
     step = statistics.fmean(runs) if len(runs) < 3 else statistics.median(runs)
-    cpu = {}
+    cpu, n = {}, len(runs) - 1  # ``first`` holds the mean of n runs' cores busy
     if "measured_cpu_cores" in first and "measured_cpu_cores" in again:
-        cpu["measured_cpu_cores"] = (first["measured_cpu_cores"] + again["measured_cpu_cores"]) / 2
-        cpu["measured_cpu_cores_by_role"] = {k: (v + again["measured_cpu_cores_by_role"].get(k, v)) / 2
+        cpu["measured_cpu_cores"] = (n * first["measured_cpu_cores"] + again["measured_cpu_cores"]) / (n + 1)
+        cpu["measured_cpu_cores_by_role"] = {k: (n * v + again["measured_cpu_cores_by_role"].get(k, v)) / (n + 1)
                                              for k, v in first["measured_cpu_cores_by_role"].items()}
     return {**first, **cpu, "measured_runs_s": runs, "measured_step_s": step,
             "measured_throughput": first["global_batch"] / step if step > 0 else 0.0,
@@ -632,7 +632,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 write(out_dir, rows, skipped, calibrated, meta)  # a partial result survives an interrupted run
 
             def again(c: Case, why: str) -> None:
-                """Run ``c`` once more; its row's measured step becomes the mean of its runs'."""
+                """Run ``c`` once more; its row's measured step becomes the mean of its runs' (``merge_runs``)."""
                 i = next(i for i, r in enumerate(rows) if key(r) == key(c))
                 if progress:
                     progress(f"{c.model} {c.label} {c.workers}w {rate} ({why})")
