@@ -107,6 +107,38 @@ def test_the_leading_flows_share_fades_with_the_flows_size():
             LinkSpec(name="l", bandwidth_bytes_per_s=1e9, flow_lead_bytes=bad)
 
 
+def test_staggered_shares_finish_flows_one_after_another():
+    """stagger_shares: groups of flows leaving one NIC together, simulated with its weights, finish
+    in turn — the first where lead_share's leader does, the rest evenly spaced up to when all the
+    bytes have crossed (a group where its flows' mean falls, the last group then); a leader and the rest are lead_share's weights; no lead, even shares."""
+    from layerplan.cost.engine import StepGraph, Transfer, simulate
+    from layerplan.hardware import LinkSpec
+
+    nic = LinkSpec(name="l", bandwidth_bytes_per_s=100e6, latency_s=0.0, flow_lead_bytes=150e3)
+    c = hardware.ClusterSpec(name="c", nodes=7, device=hardware.DEVICES["cpu-core"], nic=nic)
+    s = 1.1e6
+    for counts in ((1, 1, 1, 1), (1, 1, 2), (2, 2, 1, 1), (1, 1, 1, 1, 1, 1)):
+        w = nic.stagger_shares(s, counts)
+        assert list(w) == sorted(w, reverse=True) and w[-1] == 1.0
+        tasks = [Transfer(name=f"f{i}", src="src", dst=f"d{i}", bytes_per_flow=s, pattern="all_to_all", share=w[i])
+                 for i in range(len(counts))]
+        tl = simulate(StepGraph(groups={"src": 1, **{f"d{i}": c for i, c in enumerate(counts)}}, samples_per_step=1,
+                                tasks=tuple(tasks)), c).timeline
+        ends = [next(e.end_s for e in tl if e.name == f"f{i}") for i in range(len(counts))]
+        n, total = sum(counts), sum(counts) * s / 100e6
+        first = 1.0 - (n - 1) * math.sqrt(150e3 * s) / (n * s)
+        at = [first + (1 - first) * k / (n - 1) for k in range(n)]
+        k = 0
+        for i, cnt in enumerate(counts[:-1]):  # a group ends where its flows' mean does, the last when all are in
+            assert ends[i] == pytest.approx(total * sum(at[k:k + cnt]) / cnt, rel=1e-6)
+            k += cnt
+        assert ends[-1] == pytest.approx(total, rel=1e-9)
+    assert nic.stagger_shares(s, (1, 3)) == pytest.approx((nic.lead_share(s), 1.0))
+    assert LinkSpec(name="even", bandwidth_bytes_per_s=1e8).stagger_shares(s, (1, 1, 2)) == (1.0, 1.0, 1.0)
+    with pytest.raises(SpecError, match="at least one flow"):
+        nic.stagger_shares(s, (1, 0))
+
+
 def test_a_measured_first_flows_finish_gives_back_the_flow_lead():
     """fit_flow_lead_bytes inverts lead_share: 4 flows simulated with the leader's share finish
     first at f of the last's time, and f gives back the link's flow_lead_bytes."""

@@ -207,6 +207,23 @@ def test_ralp_serves_one_worker_at_a_time_and_returns_its_gradient_at_once(worke
     assert pred.bytes_per_link["worker->ps"] == pytest.approx(workers * (net.layer("p2").out_bytes * b + head))
 
 
+
+def test_ralp_worker_whose_pull_comes_first_runs_its_head_but_is_served_after_every_pull():
+    """Where the PS worker's pulls arrive one after another (LinkSpec.flow_lead_bytes), each worker
+    starts its head forward on its own pull, but the PS worker serves the next step only once all
+    its pulls are out (it waits for its sends, runtime/roles/ralp.py)."""
+    net, b = net_fc_heavy(), 8
+    even = ideal(5)
+    lead = replace(even, nic=replace(even.nic, flow_lead_bytes=150e3))
+    cfg = strategies.get("ralp").Config(workers=4, split="p2")
+    pred = strategies.predict(net, lead, "ralp", cfg, b)
+    assert pred.groups == {"worker": 4, "ps": 1}
+    pulls = sorted(e.end_s for e in pred.timeline if e.name.startswith("it1/pull_head@") and e.group == "ps")
+    assert len(pulls) == 4 and pulls[0] < pulls[-1]
+    fwd = min(e.start_s for e in pred.timeline if e.name.startswith("it2/head_fwd@"))
+    tail = min(e.start_s for e in pred.timeline if e.name.startswith("it2/tail_fwd_bwd@"))
+    assert fwd == pytest.approx(pulls[0]) and tail >= pulls[-1]
+
 def test_groups_async_beats_sync_when_the_fc_server_is_not_saturated():
     net, b = net_fc_heavy(), 8
     c = ideal(10)
@@ -435,9 +452,10 @@ def test_stanza_overlapped_allreduce_hides_backward_and_moves_the_same_bytes():
 
 
 def test_ps_worker_whose_pull_leads_starts_its_next_step_early():
-    """Where TCP gives one of a server's pulls a lead (LinkSpec.flow_lead_bytes), that worker
-    computes and pushes while the others still receive: the step is shorter than with even shares,
-    the bytes are the same, and the workers are still the one role "worker"."""
+    """Where TCP gives a server's pulls uneven shares (LinkSpec.flow_lead_bytes), they arrive one
+    after another (LinkSpec.stagger_shares) and each worker computes and pushes while the later ones
+    still receive: the step is shorter than with even shares, the bytes are the same, and the
+    workers are still the one role "worker"."""
     net, b = net_fc_heavy(), 8
     even = ideal(5)
     lead = replace(even, nic=replace(even.nic, flow_lead_bytes=150e3))
@@ -448,7 +466,9 @@ def test_ps_worker_whose_pull_leads_starts_its_next_step_early():
     assert p_lead.groups == {"worker": 4, "server": 1} and set(p_lead.breakdown) == {"worker", "server"}
     assert p_lead.bytes_sent_per_node == pytest.approx(p_even.bytes_sent_per_node)
     pulls = [e for e in p_lead.timeline if e.name.startswith("it0/pull@") and e.group == "worker"]
-    assert len(pulls) == 2 and pulls[0].end_s < pulls[1].end_s  # the leading worker's pull ends first
+    assert len(pulls) == 4 and all(a.end_s < b.end_s for a, b in zip(pulls, pulls[1:]))  # one after another
+    fwd = {e.name.split("@")[1]: e.start_s for e in p_lead.timeline if e.name.startswith("it1/fwd_bwd@")}
+    assert all(fwd[p.name.split("@")[1]] == pytest.approx(p.end_s) for p in pulls)  # each starts on its own pull
     # the lead fades with the flow's size: a net of 100x the parameters barely gains
     big = make_net(chain(("c1", "conv", 30_000, (32, 16, 16), 40_000_000), ("flat", "other", 0, (8192,), 0),
                          ("f1", "fc", 400_000_000, (4096,), 8_000_000)), name="big")
@@ -457,8 +477,9 @@ def test_ps_worker_whose_pull_leads_starts_its_next_step_early():
 
 
 def test_one_omnivore_group_whose_pull_leads_starts_its_forward_early():
-    """With one group, the conv model server's pulls leave its NIC together: where TCP gives one a
-    lead, that machine starts its forward pass while the others still receive (as a PS's worker).
+    """With one group, the conv model server's pulls leave its NIC together: where TCP shares it
+    unevenly, they arrive one after another and each machine starts its forward pass while the later
+    ones still receive (as a PS's workers).
     The step is no longer, the bytes are the same and the machines are still the one role group0;
     with more groups (one group's pull at a time) nothing is split."""
     net, b = net_fc_heavy(), 8
@@ -470,7 +491,7 @@ def test_one_omnivore_group_whose_pull_leads_starts_its_forward_early():
     assert p_lead.groups == p_even.groups and p_lead.groups["group0"] == 4
     assert p_lead.bytes_sent_per_node == pytest.approx(p_even.bytes_sent_per_node)
     pulls = [e for e in p_lead.timeline if e.name.startswith("it0/pull0") and e.group == "group0"]
-    assert len(pulls) == 2 and pulls[0].end_s < pulls[1].end_s  # the leading machine's pull ends first
+    assert len(pulls) == 4 and all(a.end_s < b.end_s for a, b in zip(pulls, pulls[1:]))  # one after another
     two = strategies.get("groups").Config(machines=4, groups=2)
     assert strategies.predict(net, lead, "groups", two, b).groups == strategies.predict(net, even, "groups", two, b).groups
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -228,6 +230,36 @@ class LinkSpec:
             return 1.0
         lead = min(math.sqrt(self.flow_lead_bytes * s), 2.0 * s / 3.0)
         return s / (s - lead)
+
+    def stagger_shares(self, bytes_per_flow: float, counts: Sequence[int]) -> tuple[float, ...]:
+        """The weights (``engine.Transfer.share``) of groups of ``counts[i]`` flows of
+        ``bytes_per_flow`` bytes each that leave one NIC together, so that they finish one group
+        after another: the first flow as ``lead_share`` puts it (at f = 1 − (N−1)·L/(N·S) of the
+        time T all N·S bytes take), the later flows evenly spaced from there to T, a group where
+        its flows' mean falls (the last group at T). Two groups, a leader and the rest, give ``lead_share``'s
+        weights; all 1 with no lead.
+
+        With group i's flows weighted w_i = 1/u_i (u_last = 1), group j finishes at t_j when
+        B·t_j/S = Σ_{i≤j} c_i + u_j·Σ_{i>j} c_i/u_i (the finished groups' bytes and what each
+        unfinished flow has of its S by then), solved from the last group back."""
+        counts = [int(c) for c in counts]
+        if not counts or any(c < 1 for c in counts):
+            raise SpecError(f"stagger_shares needs groups of at least one flow, got {counts!r}")
+        s, n = float(bytes_per_flow), sum(counts)
+        if len(counts) == 1 or self.flow_lead_bytes <= 0 or s <= 0:
+            return (1.0,) * len(counts)
+        lead = min(math.sqrt(self.flow_lead_bytes * s), 2.0 * s / 3.0)
+        first = 1.0 - (n - 1) * lead / (n * s)  # the first flow's finish over T (lead_share's)
+        at = [first + (1.0 - first) * k / (n - 1) for k in range(n)]  # each flow's finish over T
+        done, tau = 0, []
+        for c in counts:
+            tau.append(n * statistics.fmean(at[done:done + c]))  # B·t_j/S
+            done += c
+        u = [1.0] * len(counts)
+        for j in range(len(counts) - 2, -1, -1):
+            rest = sum(c / x for c, x in zip(counts[j + 1:], u[j + 1:]))
+            u[j] = min(u[j + 1], max(1e-3, (tau[j] - sum(counts[:j + 1])) / rest))
+        return tuple(1.0 / x for x in u)
 
 
 def fit_flow_lead_bytes(flows: int, bytes_per_flow: float, first_over_last: float) -> float:

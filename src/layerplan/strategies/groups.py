@@ -33,7 +33,8 @@ from layerplan.cost.engine import Compute, StepGraph, Transfer, iteration_name
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
-from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
+from layerplan.strategies.base import (Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive,
+                                       stagger_groups, update_s)
 
 ROUNDS = 8  # unrolled rounds (each group one iteration per round); the second half is measured
 
@@ -155,13 +156,16 @@ class Groups(Strategy):
         t_cb = bwd_s(net, net.conv_layers, cluster, batch)
         t_fc = fwd_s(net, net.fc_layers, cluster, k * batch) + bwd_s(net, net.fc_layers, cluster, k * batch)
         lag = 2 if config.pipelined else 1
-        # One group alone: the conv model server's k pulls leave its NIC together and TCP gives one a
-        # lead while they are short (LinkSpec.flow_lead_bytes), as a PS's pulls (strategies/ps.py):
-        # that machine starts its forward pass while the others still receive. Simulated as the
-        # leading machine ("group0") and the rest ("group0+", reported as group0). With more groups
-        # the server sends one group's pull at a time (a queue of whole pulls): not split.
-        lead = cluster.nic.lead_share(p_c) if g == 1 and k > 1 else 1.0
-        parts = [("", lead), ("+", 1.0)] if lead != 1.0 else [("", 1.0)]  # (role suffix, pull's share)
+        # One group alone: the conv model server's k pulls leave its NIC together and, while they are
+        # short, TCP does not share it evenly (LinkSpec.flow_lead_bytes): they arrive one after
+        # another, as a PS's pulls (strategies/ps.py), and each machine starts its forward pass as its
+        # own is in. Simulated as up to STAGGER_GROUPS parts of the group served in turn ("group0",
+        # "group0+1", ..., reported as group0; LinkSpec.stagger_shares). With more groups the server
+        # sends one group's pull at a time (a queue of whole pulls): not split.
+        counts = stagger_groups(k) if g == 1 else [k]
+        shares = cluster.nic.stagger_shares(p_c, counts)
+        parts = [("" if j == 0 else f"+{j}", w) for j, w in enumerate(shares)] if any(w != 1.0 for w in shares) \
+            else [("", 1.0)]  # (role suffix, pull's share)
 
         def build(i: int):
             tasks = []
@@ -215,6 +219,6 @@ class Groups(Strategy):
             return tasks
 
         split = len(parts) > 1
-        roles = self.roles(config) | ({"group0": 1, "group0+": k - 1} if split else {})
+        roles = self.roles(config) | ({f"group0{p}": c for (p, _), c in zip(parts, counts)} if split else {})
         return StepGraph(groups=roles, build=build, iterations=ROUNDS, samples_per_step=g * k * batch,
-                         report_as={"group0+": "group0"} if split else {})
+                         report_as={f"group0{p}": "group0" for p, _ in parts[1:]})

@@ -16,7 +16,8 @@ from layerplan.cost.engine import Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
-from layerplan.strategies.base import LEAD_ROUNDS, Strategy, bwd_s, fwd_s, require_nodes, require_positive, update_s
+from layerplan.strategies.base import (LEAD_ROUNDS, Strategy, bwd_s, fwd_s, require_nodes, require_positive,
+                                       stagger_groups, update_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,8 +77,9 @@ class PS(Strategy):
         shard = net.param_bytes / n_s
         t_compute = fwd_s(net, net.layers, cluster, batch) + bwd_s(net, net.layers, cluster, batch)
         t_update = update_s(shard, cluster, gradients_summed=n_w)
-        lead = cluster.nic.lead_share(shard)
-        if n_w == 1 or lead == 1.0:
+        counts = stagger_groups(n_w)
+        shares = cluster.nic.stagger_shares(shard, counts)
+        if n_w == 1 or all(w == 1.0 for w in shares):
             tasks = [
                 Compute(name="fwd_bwd", group="worker", seconds=t_compute),
                 Transfer(name="push", src="worker", dst="server", bytes_per_flow=shard, pattern="all_to_all", deps=("fwd_bwd",)),
@@ -85,18 +87,19 @@ class PS(Strategy):
                 Transfer(name="pull", src="server", dst="worker", bytes_per_flow=shard, pattern="all_to_all", deps=("update",)),
             ]
             return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=n_w * batch)
-        # A server's n_w pulls leave its NIC together, and TCP gives one of them a lead while they
-        # are short (LinkSpec.flow_lead_bytes): that worker starts its next step early and pushes
-        # while the others still receive. Simulated as the leading worker and the rest, two
-        # groups reported as the one role "worker", over LEAD_ROUNDS steps.
-        halves = {"worker0": 1, "worker1": n_w - 1}
+        # A server's n_w pulls leave its NIC together, and TCP does not share it evenly while they
+        # are short (LinkSpec.flow_lead_bytes): they arrive one after another, and each worker starts
+        # its next step and pushes while the later ones still receive. Simulated as up to
+        # STAGGER_GROUPS groups of workers served in turn (LinkSpec.stagger_shares), reported as the
+        # one role "worker", over LEAD_ROUNDS steps.
+        names = {f"worker{j}": c for j, c in enumerate(counts)}
         tasks = []
-        for w in halves:
+        for w in names:
             tasks += [Compute(name=f"fwd_bwd@{w}", group=w, seconds=t_compute, deps=(f"prev/pull@{w}",)),
                       Transfer(name=f"push@{w}", src=w, dst="server", bytes_per_flow=shard, pattern="all_to_all",
                                deps=(f"fwd_bwd@{w}",))]
-        tasks.append(Compute(name="update", group="server", seconds=t_update, deps=tuple(f"push@{w}" for w in halves)))
+        tasks.append(Compute(name="update", group="server", seconds=t_update, deps=tuple(f"push@{w}" for w in names)))
         tasks += [Transfer(name=f"pull@{w}", src="server", dst=w, bytes_per_flow=shard, pattern="all_to_all", deps=("update",),
-                           share=lead if w == "worker0" else 1.0) for w in halves]
-        return StepGraph(groups=halves | {"server": n_s}, tasks=tuple(tasks), samples_per_step=n_w * batch,
-                         iterations=LEAD_ROUNDS, report_as=dict.fromkeys(halves, "worker"))
+                           share=share) for w, share in zip(names, shares)]
+        return StepGraph(groups=names | {"server": n_s}, tasks=tuple(tasks), samples_per_step=n_w * batch,
+                         iterations=LEAD_ROUNDS, report_as=dict.fromkeys(names, "worker"))

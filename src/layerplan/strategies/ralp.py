@@ -124,11 +124,19 @@ class Ralp(Strategy):
         waves = [n_w // min(n_w, WAVES) + (j < n_w % min(n_w, WAVES)) for j in range(min(n_w, WAVES))]
         names = [f"worker{j}" for j in range(len(waves))]
         t_fwd, t_bwd = fwd_s(net, head, cluster, batch), bwd_s(net, head, cluster, batch)
-        # The PS worker's pulls leave its NIC together, the first worker's first: where TCP gives that
-        # flow a lead (LinkSpec.flow_lead_bytes), the first worker served starts its next step early,
-        # which shows over LEAD_ROUNDS steps.
-        lead = cluster.nic.lead_share(p_head) if len(names) > 1 and waves[0] == 1 else 1.0
-        prev = lead != 1.0
+        # The PS worker's pulls leave its NIC together: where TCP does not share it evenly among
+        # short flows (LinkSpec.flow_lead_bytes), they arrive one after another
+        # (LinkSpec.stagger_shares) and each worker starts its next step as its own is in, which
+        # shows over LEAD_ROUNDS steps. The PS worker serves the next step once all its pulls are out
+        # (it waits for its sends, runtime/roles/ralp.py): a worker's head forward overlaps the later
+        # workers' pulls, its tail does not. resnet_cifar at 100 Mbit/s, eight full validations:
+        # 2 workers 365-377 ms a step, predicted 373 (333-360 where the first worker's tail went
+        # ahead); 4 workers 678-735 ms, predicted 759 (587-666). A send is done once its last bytes
+        # are queued (the emulated link queues 50 ms of them), before they arrive: the 4 workers'
+        # steps gain some of that, which the model does not count.
+        shares = cluster.nic.stagger_shares(p_head, waves) if len(names) > 1 else (1.0,)
+        prev = any(w != 1.0 for w in shares)
+        served = tuple(f"prev/pull_head@{w}" for w in names) if prev else ()
         tasks = []
         for j, w in enumerate(names):
             tasks += [
@@ -136,7 +144,7 @@ class Ralp(Strategy):
                 Transfer(name=f"activations@{w}", src=w, dst="ps", bytes_per_flow=act, pattern="spread",
                          deps=(f"head_fwd@{w}",)),
                 Compute(name=f"tail_fwd_bwd@{w}", group="ps", seconds=waves[j] * t_tail,
-                        deps=(f"activations@{w}",) + ((f"tail_fwd_bwd@{names[j - 1]}",) if j else ())),
+                        deps=(f"activations@{w}",) + ((f"tail_fwd_bwd@{names[j - 1]}",) if j else served)),
                 Transfer(name=f"act_grads@{w}", src="ps", dst=w, bytes_per_flow=act, pattern="broadcast",
                          deps=(f"tail_fwd_bwd@{w}",)),
                 Compute(name=f"head_bwd@{w}", group=w, seconds=t_bwd, deps=(f"act_grads@{w}",)),
@@ -147,7 +155,7 @@ class Ralp(Strategy):
                              seconds=update_s(p_head, cluster, gradients_summed=n_w) + update_s(p_tail, cluster),
                              deps=(f"tail_fwd_bwd@{names[-1]}",) + tuple(f"push_head@{w}" for w in names)))
         tasks += [Transfer(name=f"pull_head@{w}", src="ps", dst=w, bytes_per_flow=p_head, pattern="broadcast",
-                           deps=("update",), share=lead if j == 0 else 1.0) for j, w in enumerate(names)]
+                           deps=("update",), share=shares[j]) for j, w in enumerate(names)]
         groups = dict(zip(names, waves)) | {"ps": 1}
         return StepGraph(groups=groups, tasks=tuple(tasks), samples_per_step=n_w * batch, iterations=LEAD_ROUNDS if prev else 1,
                          report_as=dict.fromkeys(names, "worker"))
