@@ -366,9 +366,9 @@ def measure_link_cpu(emu: Emulated, seconds: float = 2.0) -> dict[str, float]:
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
     try:
         line = procs[0].stdout.readline()
-        b0 = _busy_cpu_s()
+        b0 = busy_cpu_s()
         end = procs[0].stdout.readline()
-        busy = _busy_cpu_s() - b0
+        busy = busy_cpu_s() - b0
         outs = [p.communicate(timeout=120) for p in procs]
     except subprocess.TimeoutExpired:
         for p in procs:
@@ -475,12 +475,12 @@ def _rank0_json(emu: Emulated, code: str, world: int, port: int, timeout_s: floa
 
 def _busy_share(window_s: float) -> float:
     """Cores' worth of busy CPU over the next ``window_s`` seconds."""
-    b0, t0 = _busy_cpu_s(), time.perf_counter()
+    b0, t0 = busy_cpu_s(), time.perf_counter()
     time.sleep(window_s)
-    return (_busy_cpu_s() - b0) / (time.perf_counter() - t0)
+    return (busy_cpu_s() - b0) / (time.perf_counter() - t0)
 
 
-def _busy_cpu_s() -> float:
+def busy_cpu_s() -> float:
     """Busy CPU seconds of the whole machine since boot (/proc/stat: all but idle and iowait)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:9]]
