@@ -53,7 +53,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from layerplan import hardware, units
 from layerplan.errors import ConfigError, LayerplanError
@@ -534,7 +534,8 @@ def synchronized_steps_config(nets: Sequence[str] = (), repeats: int = 3, quick:
             "window_s": 1.5 if quick else 2.5, "timeout_s": WORKER_TIMEOUT_S, "extra_calls": extra_calls}
 
 
-def timed_alone(window, busy_cpu_s, clock=time.perf_counter) -> tuple[float, float]:
+def timed_alone(window: Callable[[], float], busy_cpu_s: Callable[[], float],
+                clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
     """(step, other work's cores) of one process timed alone by ``window()``: timed again while the
     machine's busy CPU (``busy_cpu_s()``, seconds since boot) shows more than ``ALONE_OTHER_CORES_MAX``
     cores besides the process's own, up to ``ALONE_TRIES`` times; the least disturbed is kept."""

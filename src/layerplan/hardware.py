@@ -228,8 +228,13 @@ class LinkSpec:
         s = float(bytes_per_flow)
         if self.flow_lead_bytes <= 0 or s <= 0:
             return 1.0
-        lead = min(math.sqrt(self.flow_lead_bytes * s), 2.0 * s / 3.0)
-        return s / (s - lead)
+        return s / (s - self.lead_bytes(s))
+
+    def lead_bytes(self, bytes_per_flow: float) -> float:
+        """L = √(flow_lead_bytes · S), at most two thirds of S: how far the first of flows of S
+        bytes leaving one NIC together is ahead when it finishes."""
+        s = float(bytes_per_flow)
+        return min(math.sqrt(self.flow_lead_bytes * s), 2.0 * s / 3.0)
 
     def stagger_shares(self, bytes_per_flow: float, counts: Sequence[int]) -> tuple[float, ...]:
         """The weights (``engine.Transfer.share``) of groups of ``counts[i]`` flows of
@@ -248,8 +253,7 @@ class LinkSpec:
         s, n = float(bytes_per_flow), sum(counts)
         if len(counts) == 1 or self.flow_lead_bytes <= 0 or s <= 0:
             return (1.0,) * len(counts)
-        lead = min(math.sqrt(self.flow_lead_bytes * s), 2.0 * s / 3.0)
-        first = 1.0 - (n - 1) * lead / (n * s)  # the first flow's finish over T (lead_share's)
+        first = 1.0 - (n - 1) * self.lead_bytes(s) / (n * s)  # the first flow's finish over T (lead_share's)
         at = [first + (1.0 - first) * k / (n - 1) for k in range(n)]  # each flow's finish over T
         done, tau = 0, []
         for c in counts:
