@@ -534,6 +534,90 @@ def test_queue_serves_in_arrival_order():
     assert pred.step_time_s == pytest.approx(3.1)
 
 
+def test_a_task_made_ready_by_its_queue_predecessor_goes_next():
+    """A server finishes what it started: the task that follows one of its queue (the merged FC
+    server's SGD step after the gradients went out) goes ahead of the tasks waiting in the queue."""
+    g = StepGraph(groups={"w0": 1, "w1": 1, "fc": 1}, samples_per_step=2, tasks=(
+        Compute(name="h0", group="w0", seconds=0.1),
+        Compute(name="h1", group="w1", seconds=0.2),
+        Compute(name="f0", group="fc", seconds=1.0, deps=("h0",), queue="fc"),
+        Compute(name="u0", group="fc", seconds=0.5, deps=("f0",), queue="fc"),
+        Compute(name="f1", group="fc", seconds=1.0, deps=("h1",), queue="fc"),
+        Compute(name="u1", group="fc", seconds=0.5, deps=("f1",), queue="fc"),
+    ))
+    starts = {e.name: e.start_s for e in simulate(g, cluster()).timeline}
+    # f1 was waiting since 0.2 s; u0, ready at 1.1 s, still goes first
+    assert starts["u0"] == pytest.approx(1.1) and starts["f1"] == pytest.approx(1.6)
+    assert starts["u1"] == pytest.approx(2.6)
+
+
+def mean_field_pair(mean_field: bool) -> StepGraph:
+    """Two groups of one node with no common clock, each a second of compute then a second's wait
+    an iteration."""
+    def build(i):
+        out = []
+        for g in ("a", "b"):
+            prev = (iteration_name(i - 1, f"wait_{g}"),) if i else ()
+            out += [Compute(name=iteration_name(i, f"work_{g}"), group=g, seconds=1.0, deps=prev),
+                    Delay(name=iteration_name(i, f"wait_{g}"), seconds=1.0, deps=(iteration_name(i, f"work_{g}"),))]
+        return out
+    return StepGraph(groups={"a": 1, "b": 1}, samples_per_step=2, build=build, iterations=10, mean_field_cores=mean_field)
+
+
+def test_mean_field_cores_give_each_thread_its_mean_speed():
+    """StepGraph.mean_field_cores: on one shared core, the schedule starts both groups together and
+    they share the core every second of compute (2 s of compute + 1 s of wait a step). Out of phase,
+    each meets the other busy for the share d of the time it computes: speed 1 − d/2, compute
+    x = 1/(1 − d/2) with d = x/(x + 1), so x = √2 and the step 1 + √2."""
+    one_core = cluster(shared_cores=1)
+    assert simulate(mean_field_pair(False), one_core).step_time_s == pytest.approx(3.0)
+    pred = simulate(mean_field_pair(True), one_core)
+    assert pred.step_time_s == pytest.approx(1 + math.sqrt(2), rel=5e-3)
+    assert pred.breakdown["a"]["compute_s"] == pytest.approx(math.sqrt(2), rel=5e-3)
+    assert pred.breakdown["a"]["compute_work_s"] == pytest.approx(1.0)  # the work, not its stretched time
+    # without shared cores there is nothing to share: the flag changes nothing
+    assert simulate(mean_field_pair(True), cluster()).step_time_s == pytest.approx(2.0)
+
+
+def test_mean_field_work_done_for_a_group_never_meets_its_compute():
+    """A server's work between two of a group's computes of one iteration (the FC server on its
+    batch, between forward and backward) runs while the group waits: the group's thread meets the
+    server only in the server's work for the others."""
+    def build(i):
+        out = []
+        for g in ("a", "b"):
+            prev = (iteration_name(i - 1, f"bwd_{g}"),) if i else ()
+            out += [Compute(name=iteration_name(i, f"fwd_{g}"), group=g, seconds=1.0, deps=prev),
+                    Compute(name=iteration_name(i, f"srv_{g}"), group="s", seconds=1.0, queue="s",
+                            deps=(iteration_name(i, f"fwd_{g}"),)),
+                    Compute(name=iteration_name(i, f"bwd_{g}"), group=g, seconds=1.0, deps=(iteration_name(i, f"srv_{g}"),))]
+        return out
+    g = StepGraph(groups={"a": 1, "b": 1, "s": 1}, samples_per_step=2, build=build, iterations=12, mean_field_cores=True)
+    pred = simulate(g, cluster(shared_cores=1))
+    lo, hi = pred.window_s
+
+    def busy(names):  # seconds of the window the named tasks ran (their union)
+        spans = sorted((max(e.start_s, lo), min(e.end_s, hi)) for e in pred.timeline
+                       if any(e.name.endswith(n) for n in names) and e.end_s > lo and e.start_s < hi)
+        total, end = 0.0, lo
+        for t0, t1 in spans:
+            total += max(0.0, t1 - max(t0, end))
+            end = max(end, t1)
+        return total
+
+    span = hi - lo
+    d_b = busy(["fwd_b", "bwd_b"]) / span
+    served = busy(["srv_a"])  # the server's work for a: a waits for it
+    d_s = (busy(["srv_a", "srv_b"]) - served) / (span - served)
+    # one core: a thread among T busy runs at 1/T; a's own speed, the mean over b and s busy or not
+    speed = sum(pb * ps / (1 + nb + ns) for nb, pb in ((0, 1 - d_b), (1, d_b)) for ns, ps in ((0, 1 - d_s), (1, d_s)))
+    fwd_a = [e.end_s - e.start_s for e in pred.timeline if e.name.endswith("fwd_a") and lo <= e.start_s < hi]
+    assert fwd_a and all(x == pytest.approx(1.0 / speed, rel=0.01) for x in fwd_a)
+    # counting s's work for a as well would slow a more: that work never meets a's
+    d_all = busy(["srv_a", "srv_b"]) / span
+    assert d_all > d_s
+
+
 def test_async_unrolling_static_form():
     # an asynchronous PS worker: next compute waits only for its own previous pull
     g = StepGraph(groups={"worker": 2, "server": 1}, samples_per_step=2, tasks=(

@@ -283,6 +283,40 @@ def test_groups_conv_model_server_moves_one_pull_and_one_push_at_a_time():
     assert {int(e.name.split("/")[0][2:]) for e in pred.timeline} == set(range(pred.iterations))  # the tail not shown
 
 
+def test_groups_fc_server_sends_the_gradients_before_its_update():
+    """The merged FC server sends a group batch's activation gradients, then takes its SGD step
+    (runtime/roles/groups.py): the gradients leave at the end of the FC pass, and the step follows
+    on the server before the next group batch."""
+    net = make_net(chain(
+        ("c1", "conv", 10_000, (16, 4, 4), 1_000_000),
+        ("flat", "other", 0, (256,), 0),
+        ("f1", "fc", 20_000_000, (10,), 50_000_000),
+    ), name="fcparams")
+    s = strategies.get("groups")
+    pred = strategies.predict(net, ideal(6), "groups", s.Config(machines=4, groups=2), 8)
+    at = {e.name: (e.start_s, e.end_s) for e in pred.timeline if e.group in ("fc", "group0")}
+    for i in range(pred.iterations):
+        fc, upd, grad = at[f"it{i}/fc0"], at[f"it{i}/fc_update0"], at[f"it{i}/grad0"]
+        assert grad[0] == pytest.approx(fc[1]) and upd[0] == pytest.approx(fc[1])
+    # the server's next batch waits for the step
+    starts = sorted((t0, n) for n, (t0, _) in at.items() if "/fc" in n)
+    assert all("update" in b for (_, a), (_, b) in zip(starts, starts[1:]) if "update" not in a)
+
+
+def test_groups_out_of_phase_compute_meets_the_mean_load():
+    """Asynchronous groups (g > 1) are simulated with the mean field on shared cores
+    (StepGraph.mean_field_cores): synchronous groups (g = 1) are not."""
+    net = make_net(chain(
+        ("c1", "conv", 10_000, (16, 4, 4), 20_000_000),
+        ("flat", "other", 0, (256,), 0),
+        ("f1", "fc", 20_000, (10,), 5_000_000),
+    ), name="convheavy")
+    s = strategies.get("groups")
+    c = ideal(6, shared_cores=2)
+    for g, expected in ((1, False), (2, True), (4, True)):
+        assert s.schedule(net, c, s.Config(machines=4, groups=g), 8).mean_field_cores is expected
+
+
 def test_hybrid_partition_vs_replicate_output_layer():
     # a huge output layer (Yan's 22K classes): replicating it moves its weights, partitioning moves activations
     net = make_net(chain(("c1", "conv", 10_000, (16, 8, 8), 10_000_000), ("flat", "other", 0, (1024,), 0),

@@ -12,8 +12,15 @@ one group's pull at a time and takes one group's push at a time (each queued unt
 arrived), as the runtime does: without the queues the schedule let two pulls share the egress and
 its round time swung ±15% with a tenth of a millisecond of latency (resnet_cifar, 4 groups, 100 Mbit/s).
 
+On shared cores (the emulated cluster) groups that share no clock are simulated with the mean
+field (``StepGraph.mean_field_cores``, g > 1): each compute thread meets the other groups' compute
+at their average busy share, not in the lineup the event-driven schedule settles into, in which
+they overlapped a third less than in a run (alexnet_cifar, 4 groups at 1 Gbit/s: 337 ms a round
+predicted, 408-420 measured; with the mean field 382).
+
 FC side: with **merged FC** (the default, Omnivore §V-A) one machine holds the FC model and does the
-FC compute, one group batch at a time in arrival order (FC staleness 0). Without merging, each
+FC compute, one group batch at a time in arrival order (FC staleness 0), and sends a batch's
+activation gradients before its SGD step. Without merging, each
 group has its own FC compute server, which pulls the FC model from an FC model server and pushes
 its FC gradient back.
 
@@ -192,9 +199,11 @@ class Groups(Strategy):
                     ]
                 acts = tuple(n("act") + p for p, _ in parts)
                 if config.merged_fc:
-                    # Omnivore §V-A: the merged FC server serves whole group batches in arrival order.
-                    tasks.append(Compute(name=n("fc"), group="fc", seconds=t_fc + update_s(p_f, cluster), queue="fc",
-                                         deps=acts))
+                    # Omnivore §V-A: the merged FC server serves whole group batches in arrival order. It
+                    # sends a batch's activation gradients, then takes its SGD step (runtime/roles/groups.py)
+                    tasks += [Compute(name=n("fc"), group="fc", seconds=t_fc, queue="fc", deps=acts),
+                              Compute(name=n("fc_update"), group="fc", seconds=update_s(p_f, cluster), queue="fc",
+                                      deps=(n("fc"),))]
                 else:
                     fc_prev = (n("fc_push", i - 1),) if i else ()
                     tasks += [
@@ -221,4 +230,4 @@ class Groups(Strategy):
         split = len(parts) > 1
         roles = self.roles(config) | ({f"group0{p}": c for (p, _), c in zip(parts, counts)} if split else {})
         return StepGraph(groups=roles, build=build, iterations=ROUNDS, samples_per_step=g * k * batch,
-                         report_as={f"group0{p}": "group0" for p, _ in parts[1:]})
+                         report_as={f"group0{p}": "group0" for p, _ in parts[1:]}, mean_field_cores=g > 1)
