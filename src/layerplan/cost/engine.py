@@ -937,7 +937,8 @@ def _between(acts: list[_Act], ends: list[_Act]) -> list[_Act]:
 
 
 def _window(acts: list[_Act], k: int) -> tuple[float, float]:
-    """The measured window (``_predict``): from the end of iteration k//2 − 1 to the end of k − 1."""
+    """The measured window: from the end of iteration k//2 − 1 to the end of k − 1 (from 0 to the
+    end of the only one when k = 1); the tail iterations are not measured."""
     finish = [0.0] * k
     for a in acts:
         if a.iteration < k and a.end > finish[a.iteration]:
@@ -1141,16 +1142,8 @@ def _union_clipped(intervals: list[tuple[float, float]], lo: float, hi: float) -
 
 def _predict(graph: StepGraph, acts: list[_Act], res: _Resources, k: int,
              segments: list[tuple[float, float, dict[int, float], list[int], set[int]]]) -> Prediction:
-    finish = [0.0] * k
-    for a in acts:
-        if a.iteration < k and a.end > finish[a.iteration]:  # the tail iterations are not measured
-            finish[a.iteration] = a.end
-    if k == 1:
-        lo, hi, count, measured = 0.0, finish[0], 1, {0}
-    else:
-        m = k // 2 - 1
-        lo, hi, count = finish[m], finish[k - 1], k - 1 - m
-        measured = set(range(m + 1, k))
+    lo, hi = _window(acts, k)
+    count, measured = (1, {0}) if k == 1 else (k - 1 - (k // 2 - 1), set(range(k // 2, k)))
     span = hi - lo
     step = span / count
 

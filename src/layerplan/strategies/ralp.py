@@ -131,9 +131,10 @@ class Ralp(Strategy):
         # (it waits for its sends, runtime/roles/ralp.py): a worker's head forward overlaps the later
         # workers' pulls, its tail does not. resnet_cifar at 100 Mbit/s, eight full validations:
         # 2 workers 365-377 ms a step, predicted 373 (333-360 where the first worker's tail went
-        # ahead); 4 workers 678-735 ms, predicted 759 (587-666). A send is done once its last bytes
-        # are queued (the emulated link queues 50 ms of them), before they arrive: the 4 workers'
-        # steps gain some of that, which the model does not count.
+        # ahead); 4 workers 678-735 ms, predicted 759 (587-666). Measured on the emulated link, a
+        # gloo send returns while 1.1-1.2 MB of it is still on its way at 100 Mbit/s (2.3 MB at 1
+        # Gbit/s): resnet_cifar's 1.1 MB pulls are out at once, so why the steps fit a PS worker that
+        # waits for their arrival (without it: 11% fast) is still open.
         shares = cluster.nic.stagger_shares(p_head, waves) if len(names) > 1 else (1.0,)
         prev = any(w != 1.0 for w in shares)
         served = tuple(f"prev/pull_head@{w}" for w in names) if prev else ()
