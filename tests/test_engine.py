@@ -306,6 +306,26 @@ def test_more_compute_threads_than_cores_get_the_oversubscribed_capacity():
         replace(c, shared_cores=None, shared_core_capacity=None)
 
 
+def test_messages_threads_oversubscribe_the_cores_by_the_cores_they_take():
+    """The compute threads plus the cores' worth the messages take, beyond the cores, move the
+    capacity from shared_core_capacity to oversubscribed_core_capacity (a whole thread more: all
+    the way)."""
+    c = replace(cluster(bandwidth=1e9, latency=0.0, nodes=4, shared_cores=2), shared_core_capacity=1.9,
+                oversubscribed_core_capacity=1.6, comm_cpu_s_per_byte=2.5e-10)
+    work = Compute(name="c", group="w", seconds=1.0)
+    msg = Transfer(name="t", src="a", dst="b", bytes_per_flow=10e9, pattern="spread")  # 10 s at line rate
+    beside = StepGraph(groups={"a": 1, "b": 1, "w": 2}, samples_per_step=1, tasks=(work, msg))
+    # the message takes 2 · 2.5e-10 · 1e9 = 0.5 of a core beside 2 compute threads: half a thread too
+    # many, capacity 1.9 − 0.5 · 0.3 = 1.75, of which the compute threads get 1.25
+    timeline = {e.name: e for e in simulate(beside, c).timeline}
+    assert timeline["c"].end_s == pytest.approx(1.0 / ((1.75 - 0.5) / 2))
+    flat = replace(c, oversubscribed_core_capacity=1.9)  # no loss to oversubscription: the old rule
+    assert {e.name: e for e in simulate(beside, flat).timeline}["c"].end_s == pytest.approx(1.0 / ((1.9 - 0.5) / 2))
+    # one compute thread and the message fit the 2 cores: the compute runs at full speed
+    one = StepGraph(groups={"a": 1, "b": 1, "w": 1}, samples_per_step=1, tasks=(work, msg))
+    assert {e.name: e for e in simulate(one, c).timeline}["c"].end_s == pytest.approx(1.0)
+
+
 def test_more_ranks_than_cores_wait_at_every_round_and_message():
     """oversubscribed_wait_s is added to each ring round and each message's latency when the step's
     nodes outnumber the shared cores, and only then."""

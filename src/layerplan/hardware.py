@@ -301,7 +301,9 @@ class ClusterSpec:
     moving bytes costs nothing but CPU. 0: not modelled."""
     reduce_cpu_s_per_byte: float = 0.0
     """With shared_cores: CPU seconds per byte of an all-reduce's reduction (gloo on CPU), fitted
-    from the loopback all-reduce. 0: not modelled."""
+    from the loopback all-reduce: what a 2-rank all-reduce costs beyond its messages (on the
+    emulated cluster ``validate`` measures it on the shaped path, where it reads about 0). 0: not
+    modelled."""
     shared_core_capacity: float | None = None
     """With shared_cores: how many cores' worth of compute they give with every core busy. Cores
     share memory bandwidth and caches, so two busy cores do less than twice one core's work, and
@@ -315,8 +317,9 @@ class ClusterSpec:
     run than there are cores. The kernel time-slices them, and each switch finds the caches full
     of another process's data: 4 training processes on 2 cores here took 1.04-1.08× twice the time
     of 2 (alexnet_cifar, vgg16_cifar, resnet_cifar at batch 16). ``layerplan calibrate`` times
-    whole training steps in lockstep with two processes per core against one alone. None:
-    shared_core_capacity."""
+    whole training steps in lockstep with two processes per core against one alone. Messages'
+    threads slice the cores too: the engine moves toward this capacity by the cores' worth they
+    take beyond what the compute threads leave. None: shared_core_capacity."""
     oversubscribed_wait_s: float = 0.0
     """With shared_cores: seconds each collective round and each message waits, beyond the link's
     latency, when a step's ranks outnumber the cores — the rank a message goes to may be off its

@@ -34,7 +34,9 @@ workers is four tasks, not a million flows.
   every core; with a core free, it wakes there (stanza's activations after the forward pass,
   a parameter server's pushes after the workers' backward, with every rank of the step waiting) —, and
   while more compute threads run than there are cores, the cores give
-  ``oversubscribed_core_capacity`` (time slicing: each switch refills the caches). A link with a
+  ``oversubscribed_core_capacity`` (time slicing: each switch refills the caches); with as many or
+  fewer, the messages' threads count by the cores' worth they take, the capacity moving linearly
+  to the oversubscribed one as compute and messages add up to a thread more (``_oversubscribed_weight``). A link with a
   token bucket (``LinkSpec.burst_bytes``, the emulated cluster's tbf) passes bytes at once while
   its bucket holds a packet's worth, and the bucket refills with the rate the link leaves unused.
 - ``Transfer(src, dst, bytes_per_flow, pattern)``: a class of flows between two groups.
@@ -573,6 +575,28 @@ def _computing_threads(running: list[_Act], cores: int | None) -> float:
     return sum(a.cpu_threads for a in running if not a.network) if cores is not None else 0.0
 
 
+def _oversubscribed_weight(running: list[_Act], res: "_Resources", cores: int) -> float:
+    """How far the running threads oversubscribe the shared cores, from 0 (they fit) to 1 (a whole
+    thread more than the cores): the compute threads plus the cores' worth the messages' threads
+    take at the rates they get, less the cores. With no compute running it is 0: the
+    oversubscribed capacity is compute's loss (each switch refills a compute thread's caches).
+
+    Measured on the emulated cluster (2 cores, 10 Gbit/s), per-thread CPU from /proc of
+    alexnet_cifar under DDP: the training thread of each of 2 ranks took 192 ms of CPU a step, as
+    much as each of 4 ranks took (195 ms), for 165.5 ms of work alone on a core — 0.86 of its speed
+    alone in both, where 2 compute threads alone on the cores keep 0.935 (``shared_core_capacity``)
+    and 4 keep 0.875 (``oversubscribed_core_capacity``): 2 ranks' gloo threads, busy 0.3 of a core
+    each while their buckets overlap the backward pass, slice the cores as 2 more ranks would."""
+    threads = _computing_threads(running, res.cores)
+    if threads > cores + 1e-9:
+        return 1.0
+    if threads <= 0 or not any(a.network for a in running):
+        return 0.0
+    _max_min_rates(running, list(res.caps), res.cores)
+    demand = sum(c * a.rate for a in running if a.network for r, c in a.coefs if r == res.cores)
+    return min(1.0, max(0.0, threads + demand - cores))
+
+
 def _is_network(t) -> bool:
     return isinstance(t, (Transfer, Collective))
 
@@ -1033,9 +1057,14 @@ def _simulate_once(graph: StepGraph, cluster: ClusterSpec, k: int, tasks: list[T
     while running or latent:
         if running:
             caps_now, full_now = res.caps, full
-            if over_caps is not None:
-                if _computing_threads(running, res.cores) > cluster.shared_cores + 1e-9:
+            if over_caps is not None and speeds is None:  # (the mean field's pool does not bind)
+                w = _oversubscribed_weight(running, res, cluster.shared_cores)
+                if w >= 1.0:
                     caps_now, full_now = over_caps, over_full
+                elif w > 0.0:
+                    caps_now = list(res.caps)
+                    caps_now[res.cores] -= w * (res.caps[res.cores] - res.oversubscribed_cores)
+                    full_now = [c * (1 - 1e-9) for c in caps_now]
             if buckets:
                 caps_now, full_now = list(caps_now), list(full_now)
                 for r, level in buckets.items():
