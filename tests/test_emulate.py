@@ -115,6 +115,8 @@ def test_the_link_measured_one_way_and_both_ways_at_once():
     assert m["bytes"] == pytest.approx(0.2 * emu.rate_bytes_per_s, rel=0.01)
     for k in ("p2p_s", "allreduce_s"):  # the shaped link bounds both: S bytes each way, the tbf burst aside,
         assert m[k] > (m["bytes"] - emulate.burst_bytes(emu.rate_bytes_per_s)) / emu.rate_bytes_per_s  # at line rate
+    assert m["p2p_cpu_s"] >= 0 and m["allreduce_cpu_s"] >= 0  # the machine's busy CPU in each
+    assert m["p2p_cpu_s"] + m["allreduce_cpu_s"] > 0  # ~40 ms of it: a few of /proc/stat's 10 ms ticks
 
 
 @needs_root

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import statistics
 
+from dataclasses import replace
+
 import pytest
 
 from layerplan import validate
@@ -236,6 +238,25 @@ def test_a_rows_measured_link_cpu_enters_its_prediction():
     cheap = validate.prediction({**r4, "link_cpu_s_per_byte": 1e-10}, emu4, cal)
     dear = validate.prediction({**r4, "link_cpu_s_per_byte": 2e-8}, emu4, cal)
     assert dear["predicted_step_s"] > cheap["predicted_step_s"]
+
+
+def test_the_reduction_costs_what_the_links_all_reduce_measured():
+    m = {"bytes": 100e6, "p2p_s": 0.1, "allreduce_s": 0.15, "p2p_cpu_s": 0.08}
+    assert validate.reduce_cpu_s_per_byte(m) is None  # an older row: no CPU figures
+    assert validate.reduce_cpu_s_per_byte({**m, "allreduce_cpu_s": 0.16}) == 0.0  # twice the message's: nothing more
+    assert validate.reduce_cpu_s_per_byte({**m, "allreduce_cpu_s": 0.15}) == 0.0  # less: not negative
+    assert validate.reduce_cpu_s_per_byte({**m, "allreduce_cpu_s": 0.19}) == pytest.approx(3e-10)  # 30 ms on 100 MB
+    # in a row's prediction it replaces the calibration's: 4 workers' all-reduces at 10 Gbit/s on 2 shared cores
+    r, emu, cal = _calibrated_row()
+    cal = replace(cal, reduce_cpu_s_per_byte=5e-10)
+    emu4 = type(emu)(name="t", hosts=4, rate_bytes_per_s=1.25e9, subnet=1)
+    r4 = {**r, "workers": 4, "run_config": {"workers": 4}, "rate": "10Gbit", "rate_bytes_per_s": 1.25e9,
+          "link_cpu_s_per_byte": 8.5e-10}
+    m = {"bytes": 268e6, "p2p_s": 0.224, "allreduce_s": 0.30}
+    loopback = validate.prediction({**r4, "link_duplex": m}, emu4, cal)["predicted_step_s"]
+    free = validate.prediction({**r4, "link_duplex": {**m, "p2p_cpu_s": 0.23, "allreduce_cpu_s": 0.46}}, emu4, cal)
+    dear = validate.prediction({**r4, "link_duplex": {**m, "p2p_cpu_s": 0.23, "allreduce_cpu_s": 0.46 + 0.268}}, emu4, cal)
+    assert free["predicted_step_s"] < loopback < dear["predicted_step_s"]
 
 
 def test_a_row_predicts_how_busy_the_shared_cores_are():

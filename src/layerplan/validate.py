@@ -314,7 +314,8 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     its link's measured CPU cost per byte at its rate (``link_cpu_s_per_byte``, both ends), that
     replaces the calibration's; where it has the link's measured payload rate
     (``link_payload_bytes_per_s``), that over the line rate is the link's efficiency; where it has
-    the link measured both ways at once (``link_duplex``), ``duplex_efficiency`` fits it; where it
+    the link measured both ways at once (``link_duplex``), ``duplex_efficiency`` fits it (and,
+    where it has the CPU of both, ``reduce_cpu_s_per_byte`` replaces the calibration's); where it
     has flows from one host measured (``link_flow_lead``), its ``flow_lead_bytes``."""
     from layerplan.runtime.predict import predict_run
     from layerplan.runtime.run_spec import RunSpec
@@ -328,6 +329,9 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         cluster = replace(cluster, nic=replace(cluster.nic, efficiency=min(
             1.0, row["link_payload_bytes_per_s"] / cluster.nic.bandwidth_bytes_per_s)))
     if calibrated and row.get("link_duplex"):
+        red = reduce_cpu_s_per_byte(row["link_duplex"])
+        if red is not None:  # the reduction's CPU as this path costs it (before the duplex fit, which uses it)
+            cluster = replace(cluster, reduce_cpu_s_per_byte=red)
         cluster = replace(cluster, nic=replace(cluster.nic, duplex_efficiency=duplex_efficiency(row["link_duplex"],
                                                                                                  cluster)))
     if calibrated and row.get("link_flow_lead"):  # how the link shares flows that leave a host together
@@ -538,6 +542,24 @@ def duplex_efficiency(m: dict, cluster: hardware.ClusterSpec) -> float:
         Collective(name="allreduce", group="w", scheme="ring", bytes=m["bytes"]),))
     predicted = simulate(one, full).step_time_s / simulate(ring, full).step_time_s
     return min(1.0, max(0.5, (m["p2p_s"] / m["allreduce_s"]) / predicted))
+
+
+def reduce_cpu_s_per_byte(m: dict) -> float | None:
+    """The reduction's CPU per byte on the emulated path (``ClusterSpec.reduce_cpu_s_per_byte``)
+    from ``emulate.measure_duplex``'s busy CPU: a 2-host all-reduce of S bytes moves 2S where the
+    message moves S and reduces S/2 on each host, so c_red = (CPU_allreduce − 2·CPU_message)/S (the
+    rule ``calibrate.comm_cpu_costs`` fits on loopback, in CPU seconds). None where the measurement
+    has no CPU figures (older rows).
+
+    Measured here: an all-reduce's busy CPU per byte it moves is what a message's is (10 Gbit/s:
+    0.80–0.88 against 0.81–0.91 ns/B; 1 Gbit/s: 0.55 against 0.60; gloo's reduction, torch's
+    ``add_`` at 0.02–0.05 ns/B, is lost in the noise), where loopback's fit reads 0.2–0.5 ns/B.
+    With loopback's, DDP's steps with 4 workers at 10 Gbit/s were predicted up to 22% slow
+    (alexnet_cifar +4 to +22% over eight full runs); per-thread CPU in the run put the gloo
+    threads' user time, where the reduction runs, at 0.03–0.1 ns/B."""
+    if m.get("p2p_cpu_s") is None or m.get("allreduce_cpu_s") is None or not m.get("bytes"):
+        return None
+    return max(0.0, (m["allreduce_cpu_s"] - 2.0 * m["p2p_cpu_s"]) / m["bytes"])
 
 
 def measure_link(emu) -> tuple[float, float]:

@@ -395,22 +395,29 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
     1.015 with the acknowledgements ahead of the data, ``_tc``; 1.00 at 1 Gbit/s).
     Split in four launched at once, as DDP's buckets go, the same bytes took 1.09–1.14×, more than
     DDP's steps lost (4–7% against the model's full duplex): fitted to it, the model over-corrected
-    them by as much. Returns {"bytes", "p2p_s", "allreduce_s"}."""
+    them by as much. The machine's busy CPU seconds in each (/proc/stat, both hosts, the median
+    over the repeats) give the reduction's CPU on this path (``validate.reduce_cpu_s_per_byte``).
+    Returns {"bytes", "p2p_s", "allreduce_s", "p2p_cpu_s", "allreduce_cpu_s"}."""
     if emu.hosts < 2:
         raise EmulationError("measuring a link needs at least 2 hosts")
     size = int(min(256 * 2**20, max(2**20, emu.rate_bytes_per_s * seconds))) // 4 * 4
-    code = ("import datetime,json,statistics,time,torch,torch.distributed as dist\n"
+    code = ("import datetime,json,os,statistics,time,torch,torch.distributed as dist\n"
             "torch.set_num_threads(1);dist.init_process_group('gloo',timeout=datetime.timedelta(seconds=120))\n"
-            f"r=dist.get_rank();t=torch.ones({size // 4});p,a=[],[]\n"
+            f"r=dist.get_rank();t=torch.ones({size // 4});p,a,pc,ac=[],[],[],[]\n"
             "def one():\n dist.send(t,1) if r==0 else dist.recv(t,0)\n"
-            "def timed(f):\n dist.barrier();t0=time.perf_counter();f();dist.barrier();return time.perf_counter()-t0\n"
+            "def busy():\n v=[int(x) for x in open('/proc/stat').readline().split()[1:9]]\n"
+            " return (sum(v)-v[3]-v[4])/os.sysconf('SC_CLK_TCK')\n"
+            "def timed(f,cpu):\n dist.barrier();t0=time.perf_counter();b0=busy();f();dist.barrier()\n"
+            " cpu.append(busy()-b0);return time.perf_counter()-t0\n"
             "one();dist.all_reduce(t)\n"  # the pair opened, both ways: not counted
-            f"for _ in range({repeats}): p.append(timed(one));a.append(timed(lambda: dist.all_reduce(t)))\n"
-            "print(json.dumps([statistics.median(p),statistics.median(a)]),flush=True)\n"
+            f"for _ in range({repeats}): p.append(timed(one,pc));a.append(timed(lambda: dist.all_reduce(t),ac))\n"
+            "m=statistics.median;print(json.dumps([m(p),m(a),m(pc),m(ac)]),flush=True)\n"
             "dist.barrier();dist.destroy_process_group()\n")  # else gloo's threads may abort the exit
-    p2p, allreduce = _rank0_json(emu, code, 2, DUPLEX_PORT, 120 + 4 * repeats * size / emu.rate_bytes_per_s,
-                                 "link duplex measurement")
-    return {"bytes": float(size), "p2p_s": p2p, "allreduce_s": allreduce}
+    p2p, allreduce, p2p_cpu, allreduce_cpu = _rank0_json(emu, code, 2, DUPLEX_PORT,
+                                                         120 + 4 * repeats * size / emu.rate_bytes_per_s,
+                                                         "link duplex measurement")
+    return {"bytes": float(size), "p2p_s": p2p, "allreduce_s": allreduce, "p2p_cpu_s": p2p_cpu,
+            "allreduce_cpu_s": allreduce_cpu}
 
 
 FLOW_LEAD_PORT = 29557
