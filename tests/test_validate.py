@@ -246,6 +246,9 @@ def test_the_reduction_costs_what_the_links_all_reduce_measured():
     assert validate.reduce_cpu_s_per_byte({**m, "allreduce_cpu_s": 0.16}) == 0.0  # twice the message's: nothing more
     assert validate.reduce_cpu_s_per_byte({**m, "allreduce_cpu_s": 0.15}) == 0.0  # less: not negative
     assert validate.reduce_cpu_s_per_byte({**m, "allreduce_cpu_s": 0.19}) == pytest.approx(3e-10)  # 30 ms on 100 MB
+    # with the row's link measured on its own, its message cost is the one taken away
+    assert validate.reduce_cpu_s_per_byte({**m, "allreduce_cpu_s": 0.19}, 5e-10) == pytest.approx(9e-10)
+    assert validate.reduce_cpu_s_per_byte({**m, "allreduce_cpu_s": 0.19}, 1e-9) == 0.0
     # in a row's prediction it replaces the calibration's: 4 workers' all-reduces at 10 Gbit/s on 2 shared cores
     r, emu, cal = _calibrated_row()
     cal = replace(cal, reduce_cpu_s_per_byte=5e-10)

@@ -329,7 +329,7 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         cluster = replace(cluster, nic=replace(cluster.nic, efficiency=min(
             1.0, row["link_payload_bytes_per_s"] / cluster.nic.bandwidth_bytes_per_s)))
     if calibrated and row.get("link_duplex"):
-        red = reduce_cpu_s_per_byte(row["link_duplex"])
+        red = reduce_cpu_s_per_byte(row["link_duplex"], row.get("link_cpu_s_per_byte"))
         if red is not None:  # the reduction's CPU as this path costs it (before the duplex fit, which uses it)
             cluster = replace(cluster, reduce_cpu_s_per_byte=red)
         cluster = replace(cluster, nic=replace(cluster.nic, duplex_efficiency=duplex_efficiency(row["link_duplex"],
@@ -544,22 +544,30 @@ def duplex_efficiency(m: dict, cluster: hardware.ClusterSpec) -> float:
     return min(1.0, max(0.5, (m["p2p_s"] / m["allreduce_s"]) / predicted))
 
 
-def reduce_cpu_s_per_byte(m: dict) -> float | None:
+def reduce_cpu_s_per_byte(m: dict, message_cpu_s_per_byte: float | None = None) -> float | None:
     """The reduction's CPU per byte on the emulated path (``ClusterSpec.reduce_cpu_s_per_byte``)
-    from ``emulate.measure_duplex``'s busy CPU: a 2-host all-reduce of S bytes moves 2S where the
-    message moves S and reduces S/2 on each host, so c_red = (CPU_allreduce − 2·CPU_message)/S (the
-    rule ``calibrate.comm_cpu_costs`` fits on loopback, in CPU seconds). None where the measurement
-    has no CPU figures (older rows).
+    from ``emulate.measure_duplex``'s busy CPU: a 2-host all-reduce of S bytes moves 2S and reduces
+    S/2 on each host, so with c the CPU a message's byte costs (both ends: the row's
+    ``link_cpu_s_per_byte``, else the duplex measurement's own message) c_red = CPU_allreduce/S − 2c
+    (the rule ``calibrate.comm_cpu_costs`` fits on loopback, in CPU seconds), at least 0: the model's
+    all-reduce then costs the CPU the measured one took, whatever the message measurement read.
+    None where the measurement has no CPU figures (older rows).
 
-    Measured here: an all-reduce's busy CPU per byte it moves is what a message's is (10 Gbit/s:
-    0.80–0.88 against 0.81–0.91 ns/B; 1 Gbit/s: 0.55 against 0.60; gloo's reduction, torch's
-    ``add_`` at 0.02–0.05 ns/B, is lost in the noise), where loopback's fit reads 0.2–0.5 ns/B.
-    With loopback's, DDP's steps with 4 workers at 10 Gbit/s were predicted up to 22% slow
-    (alexnet_cifar +4 to +22% over eight full runs); per-thread CPU in the run put the gloo
-    threads' user time, where the reduction runs, at 0.03–0.1 ns/B."""
-    if m.get("p2p_cpu_s") is None or m.get("allreduce_cpu_s") is None or not m.get("bytes"):
+    Measured here: an all-reduce's busy CPU per byte it moves is about what a message's is (10
+    Gbit/s: 0.80–0.88 against 0.60–0.91 ns/B, the message's reading moving more from one
+    measurement to the next; gloo's reduction, torch's ``add_`` at 0.02–0.05 ns/B, is lost in the
+    noise), where loopback's fit reads 0.2–0.5 ns/B. With loopback's, DDP's steps with 4 workers at
+    10 Gbit/s were predicted up to 22% slow (alexnet_cifar +4 to +22% over eight full runs);
+    per-thread CPU in the run put the gloo threads' user time, where the reduction runs, at
+    0.03–0.1 ns/B. At 100 Mbit/s the all-reduce costs more (5 against 2 ns/B), in a step the link
+    bounds."""
+    if m.get("allreduce_cpu_s") is None or not m.get("bytes"):
         return None
-    return max(0.0, (m["allreduce_cpu_s"] - 2.0 * m["p2p_cpu_s"]) / m["bytes"])
+    if message_cpu_s_per_byte is None:
+        if m.get("p2p_cpu_s") is None:
+            return None
+        message_cpu_s_per_byte = m["p2p_cpu_s"] / m["bytes"]
+    return max(0.0, m["allreduce_cpu_s"] / m["bytes"] - 2.0 * message_cpu_s_per_byte)
 
 
 def measure_link(emu) -> tuple[float, float]:
