@@ -553,14 +553,14 @@ def reduce_cpu_s_per_byte(m: dict, message_cpu_s_per_byte: float | None = None) 
     all-reduce then costs the CPU the measured one took, whatever the message measurement read.
     None where the measurement has no CPU figures (older rows).
 
-    Measured here: an all-reduce's busy CPU per byte it moves is about what a message's is (10
-    Gbit/s: 0.80–0.88 against 0.60–0.91 ns/B, the message's reading moving more from one
-    measurement to the next; gloo's reduction, torch's ``add_`` at 0.02–0.05 ns/B, is lost in the
-    noise), where loopback's fit reads 0.2–0.5 ns/B. With loopback's, DDP's steps with 4 workers at
-    10 Gbit/s were predicted up to 22% slow (alexnet_cifar +4 to +22% over eight full runs);
-    per-thread CPU in the run put the gloo threads' user time, where the reduction runs, at
-    0.03–0.1 ns/B. At 100 Mbit/s the all-reduce costs more (5 against 2 ns/B), in a step the link
-    bounds."""
+    Measured here: an all-reduce's busy CPU per byte it moves is close to a message's (10 Gbit/s:
+    0.80–0.88 against 0.60–0.91 ns/B, the message's reading moving more from one measurement to
+    the next; gloo's reduction, torch's ``add_`` at 0.02–0.05 ns/B, is lost in the noise), where
+    loopback's fit reads 0.2–0.5 ns/B. With loopback's on top of a message reading of 0.84 ns/B, a
+    collective cost 0.98 ns per byte moved, and DDP's steps with 4 workers at 10 Gbit/s were
+    predicted up to 22% slow (alexnet_cifar +4 to +22% over eight full runs); per-thread CPU in the
+    run put the gloo threads' user time, where the reduction runs, at 0.03–0.1 ns/B. At 100 Mbit/s
+    the all-reduce costs more (5–6 against 2–3 ns/B), in a step the link bounds."""
     if m.get("allreduce_cpu_s") is None or not m.get("bytes"):
         return None
     if message_cpu_s_per_byte is None:
