@@ -910,7 +910,10 @@ def _mean_field(graph: StepGraph, cluster: ClusterSpec, acts: list[_Act], res: _
     over = cluster.oversubscribed_core_capacity or shared
 
     def speed(threads: int, taken: float) -> float:
-        # the messages never take every core from the compute (a floor of 5%: CFS still runs it)
+        # the messages never take every core from the compute (a floor of 5%: CFS still runs it).
+        # The capacity goes by compute threads alone: moving it by the messages' cores as well
+        # (``_oversubscribed_weight``) put four of Omnivore's five 10 Gbit/s rows 0.5-1.4 points
+        # further off over 13 full runs repredicted
         return min(1.0, max((shared if threads <= cores else over) - taken, 0.05 * shared) / threads)
 
     def mean_speed(alone: int, others: list[tuple[int, float]], taken: float) -> float:
