@@ -79,6 +79,7 @@ def cases(t):
         (["hardware", "--device", "titan-z"], "unknown device"),
         (["hardware", "--nodes", "0"], "nodes"),
         (["validate", "--strategies", "ps,dp"], "unknown strategy dp"),
+        (["validate", "--budget", "-1"], "--budget takes minutes"),
         (["frobnicate"], "invalid choice"),
     ]
 
@@ -87,7 +88,7 @@ def test_at_least_twenty_kinds_of_bad_input(files):
     assert len(cases(files)) >= 20
 
 
-@pytest.mark.parametrize("i", range(28))
+@pytest.mark.parametrize("i", range(29))
 def test_bad_input_one_line_exit_2(files, capsys, i):
     argv, needle = cases(files)[i]
     with pytest.raises(SystemExit) if argv[0] == "frobnicate" or any(a in ("0", "-3", "low") for a in argv) else _nothing():

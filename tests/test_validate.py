@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 
 from dataclasses import replace
 
@@ -157,6 +158,27 @@ def test_groups_rows_compete_by_their_g():
 
 
 @pytest.mark.dist
+def test_the_rows_measure_fewer_seconds_of_steps_where_the_budget_is_short():
+    """fit_target_s: the matrix's seconds of steps where its rows fit the time left, else the most
+    that fits (its estimate within the time, every longer candidate over it), never under MIN_TARGET_S."""
+    m = validate.MATRICES["full"]
+    steps = [(0.25, 1)] * 20 + [(1.3, 1)] * 20 + [(2.7, 2)] * 10  # a slow machine's resnet, vgg16, alexnet rows
+
+    def total(t: float) -> float:
+        return sum(validate.row_estimate_s(replace(m, target_s=t), s, w) for s, w in steps)
+
+    assert validate.fit_target_s(m, steps, total(m.target_s) + 1) == m.target_s
+    budget = 0.85 * total(m.target_s)
+    t = validate.fit_target_s(m, steps, budget)
+    assert validate.MIN_TARGET_S <= t < m.target_s and total(t) <= budget
+    later = [t + 0.25 * k for k in range(1, int((m.target_s - t) / 0.25) + 1)]
+    assert later and all(total(x) > budget for x in later)
+    assert validate.fit_target_s(m, steps, 1.0) == validate.MIN_TARGET_S  # nothing fits: the floor
+    # fewer seconds of steps, fewer steps: each row still at least the matrix's min_steps
+    assert validate.measured_steps(replace(m, target_s=t), 2.7) >= m.min_steps
+    assert validate.measured_steps(replace(m, target_s=t), 0.25) < validate.measured_steps(m, 0.25)
+
+
 def test_validate_runs_the_matrix_on_an_emulated_cluster(tmp_path):
     from layerplan.runtime import emulate
 
@@ -166,7 +188,9 @@ def test_validate_runs_the_matrix_on_an_emulated_cluster(tmp_path):
         pytest.skip(f"no emulated cluster here: {e}")
     m = validate.Matrix(models=("debug",), workers=(2,), rates=("1Gbit",), strategies=("ps", "allreduce"),
                         target_s=0.5, min_steps=2, max_steps=3)
-    doc = validate.validate(m, tmp_path, None)
+    # a budget already spent: the rows measure as few seconds of steps as the matrix allows, and run
+    doc = validate.validate(m, tmp_path, None, deadline=time.monotonic())
+    assert doc["target_s"] == m.target_s
     saved = json.loads((tmp_path / "validate.json").read_text())
     assert saved["summary"] == json.loads(json.dumps(doc["summary"]))
     assert [r["strategy"] for r in doc["rows"]] == ["ps", "allreduce"]

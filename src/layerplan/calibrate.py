@@ -492,7 +492,11 @@ def measure_message_cpu(cores: int, repeats: int, log_dir: Path) -> dict:
 SYNC_NETS = ("alexnet_cifar", "vgg16_cifar", "resnet_cifar")
 """Whose training steps ``measure_synchronized_steps`` times when no nets are profiled."""
 SYNC_MIN_STEPS = 6
-"""Each window holds at least this many of one oversubscribed process's steps."""
+"""Each window holds at least this many of one oversubscribed process's steps: this many of the
+step every process times once ready, all of them at once (2 per core), which is about an
+oversubscribed step (alexnet_cifar: 1.70 s ready, 1.58 s a step in the oversubscribed window, 0.78 s
+alone). Twice that, as before, made a quick calibration's windows 20 s on a machine of 34 GFLOP/s a
+core, and its synchronized steps 290 of its 486 s."""
 ALONE_OTHER_CORES_MAX = 0.25
 """Cores' worth of other work the machine may carry while one process is timed alone in
 ``measure_synchronized_steps`` (/proc/stat's busy time, less the one core the process keeps busy);
@@ -587,14 +591,16 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
     caps: dict[str, list[float]] = {}
     overs: dict[str, list[float]] = {}
     waits: dict[str, list[float]] = {}
+    walls: dict[str, float] = {}
     for i, net in enumerate(cfg["nets"]):
+        t_net = time.monotonic()
         (log_dir / net).mkdir(parents=True, exist_ok=True)
         envs = _loopback_envs(n, free_port())
         procs = _Procs([_worker_argv("steps", {**cfg, "net": net, "cores": cores})] * n, envs, log_dir / net)
         try:
             ready = procs.expect("ready", n)
             step_s = max(r["step_s"] for r in ready.values())
-            window_s = max(cfg["window_s"], SYNC_MIN_STEPS * 2 * step_s)
+            window_s = max(cfg["window_s"], SYNC_MIN_STEPS * step_s)  # step_s: n processes at once
             # the collective's wait on the fast nets, or on the last net if none before it was fast
             timed = step_s < SYNC_EXTRA_MAX_STEP_S or (not waits and i == len(cfg["nets"]) - 1)
 
@@ -621,11 +627,12 @@ def measure_synchronized_steps(cores: int, cfg: dict, log_dir: Path, advance=Non
             procs.expect("done", n)
         finally:
             procs.close()
+        walls[net] = time.monotonic() - t_net
         if advance:
             advance()
     return {"processes": [1, cores, n], "cores": cores, "batch": cfg["batch"], "extra_calls": cfg.get("extra_calls", 1),
             "alone_other_cores": max(others, default=0.0),
-            "per_net": {k: {"capacity": spread(caps[k]), "oversubscribed_capacity": spread(overs[k]),
+            "per_net": {k: {"wall_s": walls[k], "capacity": spread(caps[k]), "oversubscribed_capacity": spread(overs[k]),
                             **({"collective_wait_s": spread(waits[k])} if k in waits else {})} for k in caps},
             "capacity": spread([v for vs in caps.values() for v in vs]),
             "oversubscribed_capacity": spread([v for vs in overs.values() for v in vs]),
@@ -883,28 +890,42 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
                 elif done == 2 * repeats:
                     bar.update(task, description=f"links: gloo on {on}")
 
+        stages: dict[str, float] = {}  # each section's wall time (``durations_s``)
+        lap = time.monotonic()
+
+        def done(stage: str) -> None:
+            nonlocal lap
+            now = time.monotonic()
+            stages[stage], lap = now - lap, now
+
         compute = _compute_section(compute_cfg, log_dir, step, cores)
+        done("compute")
         (log_dir / "link").mkdir(exist_ok=True)
         link = _link_section(on, name, link_cfg, log_dir / "link", step)
+        done("link")
         (log_dir / "rounds").mkdir(exist_ok=True)
         if bar is not None:
             bar.update(task, description=f"ring rounds: {' and '.join(map(str, round_ranks(cores)))} ranks")
         rounds = measure_rounds(cores, repeats, log_dir / "rounds")
+        done("rounds")
         (log_dir / "messages").mkdir(exist_ok=True)
         if bar is not None:
             bar.update(task, description=f"messages: {2 * cores} ranks in pairs on {cores} cores")
         rounds["messages"] = measure_message_cpu(cores, repeats, log_dir / "messages")
+        done("messages")
         sync_cfg = synchronized_steps_config(profile, repeats, quick)
         if bar is not None:
             bar.update(task, description=f"synchronized training steps, 1, {cores} and {2 * cores} processes: "
                                          f"{', '.join(sync_cfg['nets'])}")
         synchronized = measure_synchronized_steps(cores, sync_cfg, log_dir / "synchronized")
+        done("synchronized_steps")
         prof = None
         if profile_cfg is not None:
             (log_dir / "profile").mkdir(exist_ok=True)
             ptask = bar.add_task(f"profile: layers of {', '.join(profile)}", total=None) if bar else None
             prof = measure_profile(profile_cfg, log_dir / "profile",
                                    (lambda: bar.advance(ptask)) if bar is not None else None)
+            done("profile")
     out = {
         "format": FORMAT_VERSION,
         "on": on,
@@ -912,6 +933,7 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
         "repeats": repeats,
         "quick": quick,
         "duration_s": time.monotonic() - t0,
+        "durations_s": stages,
         "machine": {"cpu": _cpu_name(), "cores": cores, "python": platform.python_version(),
                     "when": time.strftime("%Y-%m-%d %H:%M:%S")},
         "compute": compute,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 from typing import Callable, Sequence
 
 from layerplan import __version__
@@ -388,7 +390,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from layerplan import report, units, validate
     from layerplan.hardware import cluster_from_dict, resolve_cluster
 
+    started = time.monotonic()  # the budget counts from here, calibration included (Matrix.budget_s)
     matrix = validate.MATRICES["full" if args.full else "quick"]
+    if args.budget is not None:
+        if not math.isfinite(args.budget) or args.budget < 0:
+            raise ConfigError(f"--budget takes minutes, at least 0 (0: no budget), got {args.budget:g}")
+        matrix = validate.replace(matrix, budget_s=args.budget * 60.0 or None)
     if args.models:
         matrix = validate.replace(matrix, models=tuple(args.models.split(",")))
     if args.strategies:
@@ -458,6 +465,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                  args.json, matrix)
     doc = validate.validate(matrix, out, calibrated, done=done, speed_reference=speed_reference,
                             load_reference=load_reference,
+                            deadline=started + matrix.budget_s if matrix.budget_s else None,
                             progress=None if args.json else (lambda what: con.print(f"[dim]running {what}[/]")))
     if args.json:
         emit_json({**doc["summary"], "rows": doc["rows"], "skipped": doc["skipped"]})
@@ -578,6 +586,10 @@ def _register_closed_loop(sub) -> None:
                    help="run nothing: predict DIR/validate.json's measured rows again with the current model (and "
                         "--calibration FILE, or the stored calibration, or --presets-only); writes DIR/repredicted/")
     p.add_argument("--repredict-out", metavar="DIR2", help="with --repredict: write here instead of DIR/repredicted")
+    p.add_argument("--budget", type=float, metavar="MIN",
+                   help="minutes the whole command may take, calibration included (default: --quick 9.5, --full 43): "
+                        "on a slower machine each configuration measures fewer seconds of steps to end in time; "
+                        "0: no budget")
     p.add_argument("--out", default="validate-out", metavar="DIR", help="where validate.json and the plots go (default validate-out)")
     p.add_argument("--json", action="store_true", help="print the summary and rows as JSON")
     COMMANDS["validate"] = cmd_validate

@@ -51,12 +51,18 @@ class Matrix:
     """groups rows (when "groups" is among the strategies): these g, where they divide the workers."""
     decide_s: float = 60.0
     """Per rate, at most this many seconds of runs again to decide close scenarios (DECIDE_WITHIN)."""
+    budget_s: float | None = None
+    """The whole command's wall time, calibration included: where the rows' estimate at ``target_s``
+    would overrun what the calibration left of it, each row measures fewer seconds of steps
+    (``fit_target_s``, down to MIN_TARGET_S) — on a slower machine the calibration and every step
+    take longer, and the matrix still ends in time."""
 
 
 MATRICES = {
     # FC-heavy (alexnet_cifar) and conv-heavy (resnet_cifar), 2 workers, 100 Mbit/s and 1 Gbit/s.
+    # At least 2 steps, as --full (alexnet_cifar's DDP at 100 Mbit/s: 10 s a step on a slower machine).
     "quick": Matrix(models=("alexnet_cifar", "resnet_cifar"), workers=(2,), rates=("100Mbit", "1Gbit"), target_s=8.0,
-                    max_steps=40, decide_s=30.0),
+                    min_steps=2, max_steps=40, decide_s=25.0, budget_s=570.0),
     # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, 10 Gbit/s, hybrid (all three nets
     # have an FC phase it can partition) and Omnivore's groups with g = 1, 2, 4 (of 2 and 4 conv machines).
     # Configurations predicted over 20 s a step are left out (at 100 Mbit/s: vgg16_cifar and
@@ -69,7 +75,7 @@ MATRICES = {
     # a rate within 2%, and 45.3 min within 3%: so 8.5 s and 35 s.
     "full": Matrix(models=("vgg16_cifar", "alexnet_cifar", "resnet_cifar"), workers=(2, 4),
                    rates=("100Mbit", "1Gbit", "10Gbit"), strategies=(*RUNTIME_STRATEGIES, "groups"), groups=(1, 2, 4),
-                   max_step_s=20.0, target_s=8.5, min_steps=2, max_steps=30, decide_s=35.0),
+                   max_step_s=20.0, target_s=8.5, min_steps=2, max_steps=30, decide_s=35.0, budget_s=2580.0),
 }
 
 
@@ -144,17 +150,21 @@ def lower_bound_s(pred: dict, rate_bytes_per_s: float) -> tuple[float, float, fl
     return max(comp_role, comm), comp_role, comm
 
 
-START_S = 4.0
+START_S = 2.0
 """Seconds a configuration costs besides its steps: forking the ranks into their hosts, building
-the model, the rendezvous, the warm-up step's extra (measured by --quick here: 2–4 s; the first
-configuration ~12 s)."""
+the model, the rendezvous, the warm-up step's extra (a run's wall time less its warm-up and
+measured steps at its median, measured by --quick: 0.4–2.2 s on a machine of 34 GFLOP/s a core,
+alexnet_cifar's DDP at 100 Mbit/s 10.6 s, its first step broadcasting the model; 2–4 s before)."""
 REPEAT_BELOW_S = 6.0
 """A configuration whose steps are predicted to take less than this in all (the matrix's steps
 times its predicted step) is run a second time, after the rest of its rate's rows and in reverse
 order, and its measured step is the mean of the two runs' medians. A short run's median moves
 with the run more than with its steps: resnet_cifar's DDP, 2 workers at 10 Gbit/s, six runs of 30
 steps one after another read 43.0-46.8 ms, and the same configuration read 40.9 ms half an hour
-earlier; a run's own steps spread less than that."""
+earlier; a run's own steps spread less than that. Where the matrix measures fewer seconds of steps
+(a budget: ``fit_target_s``), the bound is REPEAT_BELOW_SHARE of them, if lower: the rows run twice
+are still those cut short by ``max_steps``, not every row."""
+REPEAT_BELOW_SHARE = 0.7
 
 
 ROW_PROBE_WINDOW_S = 0.2
@@ -197,12 +207,46 @@ def run_wall_s(row: dict) -> float:
 
 def repeats(matrix: Matrix, predicted_step_s: float) -> int:
     """How many times ``validate`` runs a configuration predicted to take ``predicted_step_s`` a step."""
-    return 2 if measured_steps(matrix, predicted_step_s) * predicted_step_s < REPEAT_BELOW_S else 1
+    below_s = min(REPEAT_BELOW_S, REPEAT_BELOW_SHARE * matrix.target_s)
+    return 2 if measured_steps(matrix, predicted_step_s) * predicted_step_s < below_s else 1
 
 
 def measured_steps(matrix: Matrix, predicted_step_s: float) -> int:
     """Steps measured after warm-up: about ``matrix.target_s`` of them, clamped to the matrix's range."""
     return max(matrix.min_steps, min(matrix.max_steps, math.ceil(matrix.target_s / max(predicted_step_s, 1e-3))))
+
+
+MIN_TARGET_S = 4.0
+"""``fit_target_s`` measures no row for less than this many seconds of steps (at least the matrix's
+``min_steps``): resnet_cifar's steps spread ±15% from one to the next, and a run's median settles
+over a few seconds of them."""
+RATE_OVERHEAD_S = 60.0
+"""Seconds a rate costs besides its rows: bringing the emulated cluster up and down, and timing its
+link (messages, the duplex all-reduce, the flows' lead: ``measure_link``, ``measure_duplex``,
+``measure_flow_lead``)."""
+
+
+def row_estimate_s(matrix: Matrix, predicted_step_s: float, warmup_steps: int) -> float:
+    """The wall time one configuration is estimated to take: its runs (``repeats``), each a start
+    and its warm-up and measured steps."""
+    return repeats(matrix, predicted_step_s) * (
+        START_S + (measured_steps(matrix, predicted_step_s) + warmup_steps) * predicted_step_s)
+
+
+def fit_target_s(matrix: Matrix, steps: Iterable[tuple[float, int]], available_s: float) -> float:
+    """The longest ``target_s``, at most the matrix's and at least MIN_TARGET_S (in 0.25 s), with
+    which the configurations — ``steps``: (predicted step, warm-up steps) each — are estimated to
+    run within ``available_s`` (``row_estimate_s``); MIN_TARGET_S where none does. Every candidate
+    is tried: a row cut short by ``max_steps`` runs twice (``repeats``), so the estimate need not
+    fall with the target."""
+    steps = list(steps)
+    t = matrix.target_s
+    while t > MIN_TARGET_S:
+        m = replace(matrix, target_s=t)
+        if sum(row_estimate_s(m, s, w) for s, w in steps) <= available_s:
+            return t
+        t = max(MIN_TARGET_S, t - 0.25)
+    return min(matrix.target_s, MIN_TARGET_S)
 
 
 def estimate(matrix: Matrix, calibrated: hardware.ClusterSpec | None = None, done: Iterable[Case] = ()) -> list[dict]:
@@ -582,7 +626,7 @@ def measure_link(emu) -> tuple[float, float]:
 def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | None = None,
              progress: Callable[[str], None] | None = None, skip: Callable[[Case, str], None] | None = None,
              done: Iterable[dict] = (), speed_reference: float | None = None,
-             load_reference: float | None = None) -> dict:
+             load_reference: float | None = None, deadline: float | None = None) -> dict:
     """Run the matrix; returns {"summary", "rows", "skipped"} and writes validate.json + plots.
     ``done``: rows measured before (``--resume``); configurations among them are not run again.
 
@@ -592,7 +636,10 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     record of the machine's drift. It is not applied: one thread's speed overstates how a run's
     speed moves (in one full run the probe read 1.06-1.20× for 91 rows whose steps ran a median 3%
     faster than predicted, not 10-20%). The same probe on two threads at once (both cores loaded,
-    as the runs load them) against ``load_reference`` is the row's ``load_speed``, also a record."""
+    as the runs load them) against ``load_reference`` is the row's ``load_speed``, also a record.
+
+    ``deadline`` (``time.monotonic()``'s clock: when the command started plus ``matrix.budget_s``):
+    the rows measure fewer seconds of steps where they would not end by it (``fit_target_s``)."""
     from layerplan.runtime import emulate
     from layerplan.runtime.launch import RunError
     from layerplan.runtime.layout import world_size
@@ -626,6 +673,19 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
         if load_reference is None:
             load_reference = speed_probe(threads=2)
     meta = {"speed_reference_flops_per_s": speed_reference, "load_reference_flops_per_s": load_reference} if track else {}
+    if deadline is not None:  # fit the rows into what is left of the budget (Matrix.budget_s)
+        pending = [r for r in estimate(matrix, calibrated) if r["predicted_step_s"] and not r["skip"]
+                   and (r["model"], r["label"], r["workers"], r["rate"]) not in finished]
+        rates = len({r["rate"] for r in pending})
+        available_s = deadline - time.monotonic() - rates * (RATE_OVERHEAD_S + matrix.decide_s)
+        fitted = fit_target_s(matrix, [(r["predicted_step_s"], 2 if r["config"].get("groups") else 1)
+                                       for r in pending], available_s)
+        meta["target_s"] = fitted
+        if fitted < matrix.target_s:
+            if progress:
+                progress(f"each configuration for {fitted:g} s of steps (not {matrix.target_s:g}), to end "
+                         f"within the budget of {matrix.budget_s / 60:.1f} min")
+            matrix = replace(matrix, target_s=fitted)
     for rate in matrix.rates:
         batch = [c for c in todo if c.rate == rate]
         if not batch:
