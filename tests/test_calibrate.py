@@ -411,6 +411,29 @@ def test_layer_times_scale_to_their_nets_whole_pass():
     assert c["fwd_s"] == [5.0] and "fwd_alone_s" not in c  # in no measured net: as timed
 
 
+def test_the_whole_net_is_timed_at_its_net_batches_and_the_fc_phase_at_every_batch(tmp_path):
+    """validate times the whole net at the batch its data workers run (profile_net_batches) and
+    the FC phase at every batch; the conv layers at the other batches take the nearest factor."""
+    cfg = calibrate.profile_config(["debug"], (2, 8), quick=True, repeats=1, net_batches=(2,))
+    prof = calibrate.measure_profile(cfg, tmp_path)
+    conv, fc = sorted(prof["whole"], key=lambda w: w["phase"])
+    assert conv["batches"] == [2] and fc["batches"] == [2, 8]
+    for row in prof["layers"]:
+        assert row["batches"] == [2, 8]
+        if row["key"] in conv["counts"] and "fwd_alone_s" in row:
+            assert row["fwd_s"][1] / row["fwd_alone_s"][1] == pytest.approx(conv["fwd_scale"][0])
+    with pytest.raises(ConfigError, match="must be among"):
+        calibrate.profile_config(["debug"], (2, 8), net_batches=(4,))
+
+
+def test_a_batch_without_its_nets_pass_takes_the_nearest_batchs_factor():
+    rows = [{"key": "a", "batches": [4, 8, 64], "fwd_s": [1.0, 2.0, 16.0], "bwd_s": [1.0, 2.0, 16.0]}]
+    nets = [{"net": "x", "counts": {"a": 1}, "batches": [4, 32], "fwd_s": [2.0, 24.0], "bwd_s": [1.0, 8.0]}]
+    calibrate.scale_to_whole_pass(rows, nets)  # at 32 the layer was not timed: no factor there
+    assert nets[0]["fwd_scale"] == [2.0, 1.0]
+    assert rows[0]["fwd_s"] == [2.0, 4.0, 32.0]  # 8 and 64 take 4's factor
+
+
 def test_bad_profile_arguments_exit_2(capsys):
     assert cli.main(["calibrate", "--profile", "no_such_net"]) == 2
     assert "zoo names" in capsys.readouterr().err

@@ -136,7 +136,8 @@ def test_estimate_lists_what_would_run_and_what_is_done(capsys, tmp_path):
     run = est[("resnet_cifar", "stanza")]
     assert run["skip"] is None and m.min_steps <= run["steps"] <= m.max_steps
     assert run["runs"] == validate.repeats(m, run["predicted_step_s"])
-    assert run["estimated_s"] == pytest.approx(run["runs"] * (validate.START_S + (run["steps"] + 1) * run["predicted_step_s"]))
+    assert run["estimated_s"] == pytest.approx(validate.ROW_OVERHEAD_S + run["runs"] * (
+        validate.START_S + (run["steps"] + 1) * run["predicted_step_s"]))
     assert "needs an FC phase" in est[("nin", "stanza")]["skip"] and est[("nin", "stanza")]["estimated_s"] == 0
     assert est[("resnet_cifar", "allreduce")]["skip"].startswith("measured already")
     # the CLI: --resume keeps what DIR/validate.json holds; --dry-run runs nothing
@@ -158,6 +159,12 @@ def test_groups_rows_compete_by_their_g():
 
 
 @pytest.mark.dist
+def test_the_calibration_times_lockstep_steps_on_all_but_the_heaviest_net():
+    assert validate.sync_nets(validate.MATRICES["full"]) == ("alexnet_cifar", "resnet_cifar")
+    assert validate.sync_nets(validate.MATRICES["quick"]) == ("resnet_cifar",)
+    assert validate.sync_nets(validate.replace(validate.MATRICES["quick"], models=("vgg16_cifar",))) == ("vgg16_cifar",)
+
+
 def test_the_rows_measure_fewer_seconds_of_steps_where_the_budget_is_short():
     """fit_target_s: the matrix's seconds of steps where its rows fit the time left, else the most
     that fits (its estimate within the time, every longer candidate over it), never under MIN_TARGET_S."""

@@ -857,7 +857,8 @@ def _emulated(name: str):
 
 
 def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick: bool = False,
-              progress: bool = True, profile: Sequence[str] = (), profile_batches: Sequence[int] = (16, 64)) -> dict:
+              progress: bool = True, profile: Sequence[str] = (), profile_batches: Sequence[int] = (16, 64),
+              profile_net_batches: Sequence[int] | None = None, sync_nets: Sequence[str] | None = None) -> dict:
     """Measure compute and links (see the module docstring); the result dict (JSON-able).
 
     ``on``: "local" (links over loopback) or "emulated" (links between hosts of the emulated
@@ -865,7 +866,10 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
     spread). ``quick``: batch 32 only and shorter timing windows (under a minute on 2 cores).
     ``progress``: a rich progress bar on stderr. ``profile``: zoo nets whose every layer is also
     timed on its own at ``profile_batches`` (``measure_profile``), so predictions for those layers
-    use their measured times (``hardware.ProfiledLayer``).
+    use their measured times (``hardware.ProfiledLayer``); ``profile_net_batches``: the batches the
+    whole nets' passes are timed at (None: all of ``profile_batches``; ``profile_config``).
+    ``sync_nets``: whose training steps are timed in lockstep (None: the profiled nets, else
+    ``SYNC_NETS``; ``synchronized_steps_config``).
     """
     if on not in ("local", "emulated"):
         raise ConfigError(f"calibrate on 'local' or 'emulated', got {on!r}")
@@ -876,7 +880,7 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
     cores = _cores()
     compute_cfg = compute_config(repeats, quick)
     link_cfg = link_config(repeats, quick)
-    profile_cfg = profile_config(profile, profile_batches, quick, repeats) if profile else None
+    profile_cfg = profile_config(profile, profile_batches, quick, repeats, profile_net_batches) if profile else None
     t0 = time.monotonic()
     with _log_dir(None) as log_dir, _progress(progress) as bar:
         task = bar.add_task("compute: 1 thread", total=3 * repeats) if bar else None
@@ -913,7 +917,7 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
             bar.update(task, description=f"messages: {2 * cores} ranks in pairs on {cores} cores")
         rounds["messages"] = measure_message_cpu(cores, repeats, log_dir / "messages")
         done("messages")
-        sync_cfg = synchronized_steps_config(profile, repeats, quick)
+        sync_cfg = synchronized_steps_config(profile if sync_nets is None else sync_nets, repeats, quick)
         if bar is not None:
             bar.update(task, description=f"synchronized training steps, 1, {cores} and {2 * cores} processes: "
                                          f"{', '.join(sync_cfg['nets'])}")
@@ -1558,7 +1562,7 @@ def _profile_worker(cfg: dict) -> None:
                 whole = {"net": net_name, "phase": phase, "counts": per, "batches": [], "fwd_s": [], "bwd_s": []}
                 if phase == "net":  # what the step adds to the passes, less the update the model charges
                     whole["update_s"] = _flat_update_s(sum(p.numel() for p in params))
-                for b in cfg["batches"]:
+                for b in cfg.get("net_batches", cfg["batches"]) if phase == "net" else cfg["batches"]:
                     x = torch.randn(b, *in_shape, requires_grad=input_grad)
                     inputs = params + ([x] if input_grad else [])
 
@@ -1664,12 +1668,13 @@ def phase_passes(nets: list[dict]) -> list[dict]:
         if n.get("phase") == "fc":
             continue
         fc = next((m for m in nets if m["net"] == n["net"] and m.get("phase") == "fc"), None)
-        if fc is None or fc["batches"] != n["batches"]:
+        if fc is None or not set(n["batches"]) <= set(fc["batches"]):
             out.append(n)
             continue
+        at = [fc["batches"].index(b) for b in n["batches"]]  # the FC phase's pass at the whole net's batches
         counts = {k: c - fc["counts"].get(k, 0) for k, c in n["counts"].items() if c > fc["counts"].get(k, 0)}
         conv = {"net": n["net"], "phase": "conv", "counts": counts, "batches": list(n["batches"]),
-                **{f"{d}_s": [max(0.0, w - f) for w, f in zip(n[f"{d}_s"], fc[f"{d}_s"])] for d in ("fwd", "bwd")}}
+                **{f"{d}_s": [max(0.0, w - fc[f"{d}_s"][i]) for w, i in zip(n[f"{d}_s"], at)] for d in ("fwd", "bwd")}}
         out += [conv, fc]
     return out
 
@@ -1692,8 +1697,9 @@ def fit_line(batches: Sequence[float], times_s: Sequence[float]) -> tuple[float,
 
 
 def profile_config(nets: Sequence[str], batches: Sequence[int] = (16, 64), quick: bool = False,
-                   repeats: int = 3) -> dict:
-    """What ``measure_profile`` runs."""
+                   repeats: int = 3, net_batches: Sequence[int] | None = None) -> dict:
+    """What ``measure_profile`` runs. ``net_batches``: the batches (of ``batches``) the whole
+    net's pass is timed at (None: all); an FC phase's pass is timed at every batch."""
     from layerplan.netspec import zoo
 
     unknown = [n for n in nets if n not in zoo.ZOO]
@@ -1701,7 +1707,12 @@ def profile_config(nets: Sequence[str], batches: Sequence[int] = (16, 64), quick
         raise ConfigError(f"cannot profile {', '.join(map(repr, unknown))}: --profile takes zoo names (see `layerplan zoo`)")
     if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
         raise ConfigError(f"profile batches must be positive integers, got {list(batches)}")
-    return {"nets": list(nets), "batches": sorted(set(batches)), "repeats": max(1, min(repeats, 2) if quick else repeats),
+    batches = sorted(set(batches))
+    whole = sorted(set(net_batches) & set(batches)) if net_batches is not None else batches
+    if not whole:
+        raise ConfigError(f"the whole net's batches {list(net_batches or [])} must be among the profile's {batches}")
+    return {"nets": list(nets), "batches": batches, "net_batches": whole,
+            "repeats": max(1, min(repeats, 2) if quick else repeats),
             "window_s": 0.03 if quick else 0.06, "min_iters": 2, "whole_window_s": 0.3 if quick else 0.6}
 
 
@@ -1741,14 +1752,17 @@ def scale_to_whole_pass(rows: list[dict], nets: list[dict]) -> None:
     1.25× / 1.19×, resnet_cifar 1.35× / 0.98×.
 
     Per net, direction and batch: ``s = whole / Σ count·layer``; a layer shared by several nets
-    gets the mean of their factors. Each net's record gains ``fwd_scale``/``bwd_scale`` (per batch)
+    gets the mean of their factors; at a batch its pass was not timed at, the factor of the
+    nearest batch it was (validate times the whole net at the batch its data workers run, the FC
+    phase at every batch: the conv phase's factors moved by 0-5% from batch 16 to 64 here, and
+    timing the whole vgg16_cifar at 32 and 64 took two of the profile's seven minutes). Each net's record gains ``fwd_scale``/``bwd_scale`` (per batch)
     and the layer rows ``fwd_alone_s``/``bwd_alone_s`` (the times before scaling). Layers the
     profile cannot time alone (merges) keep the analytical model and are not in the sum."""
     by_key = {r["key"]: r for r in rows}
-    factors: dict[str, dict[str, list[list[float]]]] = {}
+    factors: dict[str, dict[str, list[dict[int, float]]]] = {}  # per key and direction: each net's factor per batch
     for n in nets:
         for d in ("fwd", "bwd"):
-            scales = []
+            scales, measured = [], {}
             for i, b in enumerate(n["batches"]):
                 parts = 0.0
                 for key, c in n["counts"].items():
@@ -1757,9 +1771,11 @@ def scale_to_whole_pass(rows: list[dict], nets: list[dict]) -> None:
                         parts += c * r[f"{d}_s"][r["batches"].index(b)]
                 whole = n[f"{d}_s"][i]
                 scales.append(whole / parts if parts > 0 and whole > 0 else 1.0)
+                if parts > 0 and whole > 0:
+                    measured[b] = scales[-1]
             n[f"{d}_scale"] = scales
             for key in n["counts"]:
-                factors.setdefault(key, {}).setdefault(d, []).append(scales)
+                factors.setdefault(key, {}).setdefault(d, []).append(measured)
     for r in rows:
         f = factors.get(r["key"])
         if not f:
@@ -1768,7 +1784,7 @@ def scale_to_whole_pass(rows: list[dict], nets: list[dict]) -> None:
             r[f"{d}_alone_s"] = list(r[f"{d}_s"])
             out = []
             for i, b in enumerate(r["batches"]):
-                per_net = [s[i] for s in f[d] if i < len(s)]
+                per_net = [s[min(s, key=lambda m: (abs(m - b), m))] for s in f[d] if s]
                 out.append(r[f"{d}_s"][i] * (sum(per_net) / len(per_net) if per_net else 1.0))
             r[f"{d}_s"] = out
 

@@ -444,7 +444,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         # the speed the calibration saw: probed on both sides of it, one thread and both cores loaded
         before, before_load = calibrate.speed_probe(), calibrate.speed_probe(threads=2)
         measured = calibrate.calibrate(on="local", quick=True, progress=not args.json, profile=matrix.models,
-                                       profile_batches=validate.profile_batches(matrix))
+                                       profile_batches=validate.profile_batches(matrix),
+                                       profile_net_batches=(matrix.batch_size,), sync_nets=validate.sync_nets(matrix))
+        if not args.json:
+            con.print(f"calibrated in {measured['duration_s'] / 60:.1f} min (" + ", ".join(
+                f"{k.replace('_', ' ')} {v:.0f} s" for k, v in measured.get("durations_s", {}).items()) + ")")
         out.mkdir(parents=True, exist_ok=True)
         calibrated = calibrate.save(measured, out / "calibration.yaml")  # --calibration FILE reuses it
         speed_reference = (before + calibrate.speed_probe()) / 2.0

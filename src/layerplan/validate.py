@@ -79,6 +79,19 @@ MATRICES = {
 }
 
 
+def sync_nets(matrix: Matrix) -> tuple[str, ...]:
+    """Whose training steps the calibration times in lockstep (``calibrate.measure_synchronized_steps``):
+    all of the matrix's nets but the one of the most FLOPs a step (one net stays), the fewest FLOPs
+    last (``collective_wait_s`` is timed on it). The cores' capacity is the median over the nets and
+    moved by 1-4% from one to the next (one calibration here: vgg16_cifar 1.76, alexnet_cifar 1.82,
+    resnet_cifar 1.85 of 2 cores), where vgg16_cifar's steps took 196 of the 376 s the three took."""
+    from layerplan.netspec.load import resolve_model
+
+    flops = {m: (lambda net: net.fwd_flops + net.bwd_flops)(resolve_model(m)[0]) for m in matrix.models}
+    kept = sorted(matrix.models, key=lambda m: flops[m])[:max(1, len(matrix.models) - 1)]
+    return tuple(sorted(kept, key=lambda m: -flops[m]))
+
+
 def profile_batches(matrix: Matrix) -> tuple[int, ...]:
     """The batches the matrix's layers run at: K on every data worker, n·K on a Stanza FC worker or
     RALP PS worker that serves n workers."""
@@ -223,13 +236,16 @@ over a few seconds of them."""
 RATE_OVERHEAD_S = 60.0
 """Seconds a rate costs besides its rows: bringing the emulated cluster up and down, and timing its
 link (messages, the duplex all-reduce, the flows' lead: ``measure_link``, ``measure_duplex``,
-``measure_flow_lead``)."""
+``measure_flow_lead``). validate.json's ``rate_wall_s`` less its rows' ``wall_s`` is what it took."""
+ROW_OVERHEAD_S = 1.0
+"""Seconds a configuration costs besides its runs: the speed probes before it, its predictions and
+the JSON written after it."""
 
 
 def row_estimate_s(matrix: Matrix, predicted_step_s: float, warmup_steps: int) -> float:
     """The wall time one configuration is estimated to take: its runs (``repeats``), each a start
     and its warm-up and measured steps."""
-    return repeats(matrix, predicted_step_s) * (
+    return ROW_OVERHEAD_S + repeats(matrix, predicted_step_s) * (
         START_S + (measured_steps(matrix, predicted_step_s) + warmup_steps) * predicted_step_s)
 
 
@@ -282,7 +298,7 @@ def estimate(matrix: Matrix, calibrated: hardware.ClusterSpec | None = None, don
             row["skip"] = "measured already (--resume)"
             continue
         row["runs"] = repeats(matrix, step)
-        row["estimated_s"] = row["runs"] * (START_S + (row["steps"] + spec.warmup_steps) * step)
+        row["estimated_s"] = row_estimate_s(matrix, step, spec.warmup_steps)
     return out
 
 
@@ -566,8 +582,9 @@ def speedups(rows: list[dict]) -> list[dict]:
 
 
 LINK_CPU_REPEATS = 3
-DUPLEX_S, DUPLEX_REPEATS = 2.0, 5
-"""The link both ways at once: 2 s of bytes, 5 times (one all-reduce at 100 Mbit/s takes 1.02–1.06× the message)."""
+DUPLEX_S, DUPLEX_REPEATS = 2.0, 3
+"""The link both ways at once: 2 s of bytes, 3 times (one all-reduce at 100 Mbit/s takes 1.02–1.06×
+the message; 5 times before, 40 s a rate on a machine of 34 GFLOP/s a core)."""
 SLOW_SPEED = 0.9
 """A row whose speed probe read below this is flagged: the machine was busy with something else."""
 
@@ -690,6 +707,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
         batch = [c for c in todo if c.rate == rate]
         if not batch:
             continue
+        t_rate = time.monotonic()
         with emulate.running(hosts, rate, EMULATION_NAME) as emu:
             link_cpu, link_rate = measure_link(emu) if track else (None, None)
             duplex = emulate.measure_duplex(emu, seconds=DUPLEX_S, repeats=DUPLEX_REPEATS) if track else None
@@ -719,7 +737,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                                     "reason": reason})
                     if skip:
                         skip(c, reason)
-                write(out_dir, rows, skipped, calibrated, meta)  # a partial result survives an interrupted run
+                write(out_dir, rows, skipped, calibrated, meta, plots=False)  # a partial result survives an interrupted run
 
             def again(c: Case, why: str) -> None:
                 """Run ``c`` once more; its row's measured step becomes the mean of its runs' (``merge_runs``)."""
@@ -736,7 +754,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 if why == "deciding":
                     merged["decider_runs"] = rows[i].get("decider_runs", 0) + 1
                 rows[i] = {**merged, **prediction(merged, emu, calibrated)}
-                write(out_dir, rows, skipped, calibrated, meta)
+                write(out_dir, rows, skipped, calibrated, meta, plots=False)
 
             # the short configurations once more, the last first (REPEAT_BELOW_S)
             for c in reversed(batch):
@@ -757,20 +775,26 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     left_s -= cost_s
                     for r in (close[::-1] if round_ % 2 == 0 else close):
                         again(by_key[key(r)], "deciding")
+        # the rate's wall time, its cluster, link timing and rows ("wall_s" of its rows: their runs)
+        meta.setdefault("rate_wall_s", {})[rate] = time.monotonic() - t_rate
+        write(out_dir, rows, skipped, calibrated, meta)  # and the plots, after each rate
     return write(out_dir, rows, skipped, calibrated, meta)
 
 
-def write(out_dir: Path, rows: list[dict], skipped: list[dict], calibrated, meta: dict | None = None) -> dict:
+def write(out_dir: Path, rows: list[dict], skipped: list[dict], calibrated, meta: dict | None = None,
+          plots: bool = True) -> dict:
     return write_doc(out_dir, {"summary": summarize(rows), "rows": rows, "skipped": skipped,
-                               "calibrated_cluster": calibrated.to_dict() if calibrated else None, **(meta or {})})
+                               "calibrated_cluster": calibrated.to_dict() if calibrated else None, **(meta or {})}, plots)
 
 
-def write_doc(out_dir: Path, doc: dict) -> dict:
-    """validate.json and the two plots."""
+def write_doc(out_dir: Path, doc: dict, plots: bool = True) -> dict:
+    """validate.json and (``plots``) the two plots. ``validate`` writes the JSON after every row (a
+    partial result survives an interrupted run) and the plots after each rate's rows: drawing them
+    took 1-2 s a time with a full matrix's rows on a machine of 34 GFLOP/s a core, 2-3 min a full run."""
     from layerplan.runtime.checkpoint import atomic_write_json
 
     atomic_write_json(out_dir / "validate.json", doc)
-    if doc["rows"]:
+    if plots and doc["rows"]:
         scatter_plot(doc["rows"], out_dir / "predicted-vs-measured.png")
         bars_plot(doc["rows"], out_dir / "throughput-by-strategy.png")
     return doc
