@@ -194,7 +194,7 @@ def test_validate_runs_the_matrix_on_an_emulated_cluster(tmp_path):
     except emulate.EmulationError as e:
         pytest.skip(f"no emulated cluster here: {e}")
     m = validate.Matrix(models=("debug",), workers=(2,), rates=("1Gbit",), strategies=("ps", "allreduce"),
-                        target_s=0.5, min_steps=2, max_steps=3)
+                        target_s=0.5, min_steps=2, max_steps=3, decide_s=0.0)  # no deciding runs: tested below
     # a budget already spent: the rows measure as few seconds of steps as the matrix allows, and run
     doc = validate.validate(m, tmp_path, None, deadline=time.monotonic())
     assert doc["target_s"] == m.target_s

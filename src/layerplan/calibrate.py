@@ -1755,8 +1755,8 @@ def scale_to_whole_pass(rows: list[dict], nets: list[dict]) -> None:
     gets the mean of their factors; at a batch its pass was not timed at, the factor of the
     nearest batch it was (validate times the whole net at the batch its data workers run, the FC
     phase at every batch: the conv phase's factors moved by 0-5% from batch 16 to 64 here, and
-    timing the whole vgg16_cifar at 32 and 64 took two of the profile's seven minutes). Each net's record gains ``fwd_scale``/``bwd_scale`` (per batch)
-    and the layer rows ``fwd_alone_s``/``bwd_alone_s`` (the times before scaling). Layers the
+    timing the whole vgg16_cifar at 32 and 64 took about two of the profile's seven minutes). Each
+    net's record gains ``fwd_scale``/``bwd_scale`` (per batch) and the layer rows ``fwd_alone_s``/``bwd_alone_s`` (the times before scaling). Layers the
     profile cannot time alone (merges) keep the analytical model and are not in the sum."""
     by_key = {r["key"]: r for r in rows}
     factors: dict[str, dict[str, list[dict[int, float]]]] = {}  # per key and direction: each net's factor per batch

@@ -83,11 +83,14 @@ def sync_nets(matrix: Matrix) -> tuple[str, ...]:
     """Whose training steps the calibration times in lockstep (``calibrate.measure_synchronized_steps``):
     all of the matrix's nets but the one of the most FLOPs a step (one net stays), the fewest FLOPs
     last (``collective_wait_s`` is timed on it). The cores' capacity is the median over the nets and
-    moved by 1-4% from one to the next (one calibration here: vgg16_cifar 1.76, alexnet_cifar 1.82,
+    moved by up to 5% from one to the next (one calibration here: vgg16_cifar 1.76, alexnet_cifar 1.82,
     resnet_cifar 1.85 of 2 cores), where vgg16_cifar's steps took 196 of the 376 s the three took."""
     from layerplan.netspec.load import resolve_model
 
-    flops = {m: (lambda net: net.fwd_flops + net.bwd_flops)(resolve_model(m)[0]) for m in matrix.models}
+    flops = {}
+    for m in matrix.models:
+        net = resolve_model(m)[0]
+        flops[m] = net.fwd_flops + net.bwd_flops
     kept = sorted(matrix.models, key=lambda m: flops[m])[:max(1, len(matrix.models) - 1)]
     return tuple(sorted(kept, key=lambda m: -flops[m]))
 
@@ -777,7 +780,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                         again(by_key[key(r)], "deciding")
         # the rate's wall time, its cluster, link timing and rows ("wall_s" of its rows: their runs)
         meta.setdefault("rate_wall_s", {})[rate] = time.monotonic() - t_rate
-        write(out_dir, rows, skipped, calibrated, meta)  # and the plots, after each rate
+        if rate != matrix.rates[-1]:  # the plots too, after each rate (after the last: the write below)
+            write(out_dir, rows, skipped, calibrated, meta)
     return write(out_dir, rows, skipped, calibrated, meta)
 
 
