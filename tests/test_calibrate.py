@@ -3,6 +3,7 @@ layerplan's loader (and the CLI), and one real point-to-point measurement gives 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import replace
@@ -463,3 +464,116 @@ def test_an_emulated_calibration_keeps_the_links_measured_flow_lead():
     assert calibrate.to_cluster(r).nic.flow_lead_bytes == 210e3
     assert "3 flows leaving one host together: the first in at 0.70, 0.88 of the last's time for 1 MB, 4 MB each " \
            "(medians): flow_lead_bytes 210 kB" in calibrate.summary_lines(r)
+
+
+def test_a_disturbed_section_is_told_by_its_spread_its_lockstep_capacity_or_the_steal():
+    """disturbance: compute repeats spread over COMPUTE_SPREAD_MAX, a net's lockstep capacities
+    spread over SYNC_SPREAD_MAX or read below SYNC_VS_SHARED_MIN of the independent processes'
+    cores' worth, or the hypervisor's steal over STEAL_SHARE_MAX; steady figures are not."""
+    s = calibrate.spread
+    r = fake_result("local")
+    assert calibrate.disturbance("compute", r["compute"], 0.0) is None
+    assert calibrate.disturbance("compute", r["compute"], None) is None  # no steal figure: the spread decides
+    assert "hypervisor gave 5.0%" in calibrate.disturbance("compute", r["compute"], 0.05)
+    noisy = {**r["compute"], "per_thread_flops_per_s": s([24e9, 28e9, 27e9])}  # the disturbed calibration's 17.5%
+    assert "one thread's FLOP/s spread" in calibrate.disturbance("compute", noisy, 0.0)
+    sync = r["synchronized_steps"]
+    assert calibrate.disturbance("synchronized_steps", sync, 0.0, 1.9) is None
+    low = {**sync, "per_net": {"resnet_cifar": {**sync["per_net"]["resnet_cifar"], "capacity": s([1.59, 1.60])}}}
+    assert calibrate.sync_disturbed_nets(low, 1.88).keys() == {"resnet_cifar"}
+    assert "below 90% of the 1.88" in calibrate.disturbance("synchronized_steps", low, 0.0, 1.88)
+    assert calibrate.sync_disturbed_nets(low, None) == {}  # nothing to hold it against: the spread alone
+    wide = {**sync, "per_net": {"resnet_cifar": {**sync["per_net"]["resnet_cifar"], "capacity": s([1.2, 1.9])}}}
+    assert "capacity spread" in calibrate.disturbance("synchronized_steps", wide, None, None)
+    assert calibrate.disturbance("link", r["link"], 0.0) is None  # a link's repeats spread widely when steady
+
+
+def test_merging_a_redone_net_keeps_the_steadier_reading_and_recomputes_the_totals():
+    s = calibrate.spread
+    first = {"processes": [1, 2, 4], "cores": 2, "batch": 16, "alone_other_cores": 0.1,
+             "per_net": {"alexnet_cifar": {"capacity": s([1.2, 1.9]), "oversubscribed_capacity": s([1.5, 1.8])},
+                         "resnet_cifar": {"capacity": s([1.85, 1.87]), "oversubscribed_capacity": s([1.8]),
+                                          "collective_wait_s": s([2e-3])}},
+             "capacity": s([1.2, 1.9, 1.85, 1.87]), "oversubscribed_capacity": s([1.5, 1.8, 1.8]),
+             "collective_wait_s": s([2e-3])}
+    again = {"alone_other_cores": 0.2, "per_net": {"alexnet_cifar": {
+        "capacity": s([1.84, 1.86]), "oversubscribed_capacity": s([1.8, 1.82]), "collective_wait_s": s([9e-3])}}}
+    merged = calibrate.merge_synchronized(first, again)
+    assert merged["per_net"]["resnet_cifar"] == first["per_net"]["resnet_cifar"]
+    assert merged["per_net"]["alexnet_cifar"]["capacity"]["values"] == [1.84, 1.86]
+    assert "collective_wait_s" not in merged["per_net"]["alexnet_cifar"]  # timed on resnet_cifar in the first reading
+    assert merged["capacity"]["values"] == [1.84, 1.86, 1.85, 1.87] and merged["collective_wait_s"]["values"] == [2e-3]
+    assert merged["alone_other_cores"] == 0.2
+    worse = {"per_net": {"alexnet_cifar": {"capacity": s([1.0, 1.9]), "oversubscribed_capacity": s([1.8])}}}
+    assert calibrate.merge_synchronized(first, worse)["per_net"]["alexnet_cifar"] == first["per_net"]["alexnet_cifar"]
+
+
+def test_calibrate_measures_a_disturbed_section_again_and_keeps_the_steady_reading(monkeypatch):
+    """calibrate(): the compute section whose first reading spread 17% is measured once more and the
+    steady second kept; the lockstep steps of the one disturbed net are measured again and merged;
+    a section that stays disturbed is kept with a warning (still_disturbed, the summary)."""
+    s = calibrate.spread
+    r = fake_result("local")
+    calls = {"compute": 0, "sync": [], "profile": 0}
+
+    def compute(cfg, log_dir, advance, cores):
+        calls["compute"] += 1
+        c = dict(r["compute"])
+        if calls["compute"] == 1:
+            c["per_thread_flops_per_s"] = s([80e9, 95e9, 96e9])
+        return c
+
+    def sync(cores, cfg, log_dir, advance=None):
+        calls["sync"].append(list(cfg["nets"]))
+        steady = {"capacity": s([1.8, 1.82]), "oversubscribed_capacity": s([1.7])}
+        per_net = {n: ({"capacity": s([1.3, 1.8]), "oversubscribed_capacity": s([1.7])}
+                       if n == "alexnet_cifar" and len(calls["sync"]) == 1 else steady) for n in cfg["nets"]}
+        return {"processes": [1, 2, 4], "cores": 2, "batch": 16, "alone_other_cores": 0.0, "per_net": per_net,
+                "capacity": s([1.8]), "oversubscribed_capacity": s([1.7])}
+
+    def rounds(cores, repeats, log_dir):
+        return {k: v for k, v in r["rounds"].items() if k != "messages"}
+
+    def profile(cfg, log_dir, advance=None):
+        calls["profile"] += 1
+        return {"nets": list(cfg["nets"]), "batches": list(cfg["batches"]), "layers": [], "whole": []}
+
+    monkeypatch.setattr(calibrate, "_compute_section", compute)
+    monkeypatch.setattr(calibrate, "_link_section", lambda *a, **k: r["link"])
+    monkeypatch.setattr(calibrate, "measure_rounds", rounds)
+    monkeypatch.setattr(calibrate, "measure_message_cpu", lambda *a: r["rounds"]["messages"])
+    monkeypatch.setattr(calibrate, "measure_synchronized_steps", sync)
+    monkeypatch.setattr(calibrate, "measure_profile", profile)
+    monkeypatch.setattr(calibrate, "steal_s", lambda: None)
+    # the cores' speed: steady but for the probe after the link's first reading (another tenant's episode)
+    speeds = iter([29e9] * 4 + [14e9])
+    monkeypatch.setattr(calibrate, "_prober", lambda *a: contextlib.nullcontext(lambda: next(speeds, 29e9)))
+    out = calibrate.calibrate(quick=True, progress=False, profile=["alexnet_cifar"],
+                              sync_nets=["alexnet_cifar", "resnet_cifar"])
+    assert calls["compute"] == 2 and out["compute"]["per_thread_flops_per_s"]["spread"] < 0.05
+    assert calls["sync"] == [["alexnet_cifar", "resnet_cifar"], ["alexnet_cifar"]]  # only the disturbed net again
+    assert out["synchronized_steps"]["per_net"]["alexnet_cifar"]["capacity"]["values"] == [1.8, 1.82]
+    assert calls["profile"] == 1
+    st = out["steadiness"]
+    assert st["compute"]["tries"] == 2 and "one thread's FLOP/s spread" in st["compute"]["disturbed"][0]
+    assert st["compute"]["kept_disturbed"] is None and st["rounds"]["tries"] == 1
+    assert st["link"]["tries"] == 2 and "the cores ran at 0.48× their best speed" in st["link"]["disturbed"][0]
+    assert st["link"]["probe_flops_per_s"] == [14e9, 29e9] and st["link"]["kept_disturbed"] is None
+    assert calibrate.still_disturbed(out) == {}
+    assert any(line.startswith("compute: measured 2 times") and "the steady reading kept" in line
+               for line in calibrate.summary_lines(out))
+    # a machine disturbed throughout: each section measured SECTION_TRIES times, the steadier kept, a warning
+    readings = iter([[80e9, 95e9], [70e9, 95e9]])
+    monkeypatch.setattr(calibrate, "_compute_section",
+                        lambda *a: {**r["compute"], "per_thread_flops_per_s": s(next(readings))})
+    out = calibrate.calibrate(quick=True, progress=False)
+    assert out["steadiness"]["compute"]["tries"] == calibrate.SECTION_TRIES
+    assert out["compute"]["per_thread_flops_per_s"]["values"] == [80e9, 95e9]  # the steadier (first) reading
+    assert "compute" in calibrate.still_disturbed(out)
+    assert any("warning: still disturbed" in line for line in calibrate.summary_lines(out))
+
+
+def test_the_probe_process_reports_the_cores_speed_at_each_call(tmp_path):
+    with calibrate._prober(tmp_path, 2) as probe:
+        speeds = [probe(), probe()]
+    assert all(1e8 < v < 1e13 for v in speeds)  # FLOP/s a thread: a real machine's

@@ -441,3 +441,44 @@ def test_validate_decides_a_close_scenario_by_running_its_fastest_again_interlea
     # measured once, allreduce (the predicted best) led; run three times each, stanza does
     assert b["measured_best"] == "stanza" and not b["match"] and sorted(b["decided"]) == ["allreduce", "stanza"]
     assert doc["summary"]["best_decided"] == 1
+
+
+def test_a_row_run_while_the_cores_were_disturbed_runs_again_and_the_steadier_run_is_kept(tmp_path, monkeypatch):
+    """Both cores' probe read below DISTURBED_LOAD of its calibration-time figure after the first
+    run (another tenant had the cores): the row runs again and keeps the second, steady run; the
+    first's step is recorded as ``disturbed_step_s``. A steady row runs once."""
+    import contextlib
+
+    from layerplan import calibrate, hardware
+    from layerplan.runtime import emulate
+
+    steps = {"ps": [0.9, 0.5], "allreduce": [0.2]}
+    loads = iter([29e9, 14e9, 29e9, 29e9, 29e9, 29e9])  # ps: before, after; again: before, after; allreduce
+
+    def fake_run(case, emu, calibrated, matrix, run_dir):
+        step = steps[case.strategy].pop(0)
+        return {"model": case.model, "strategy": case.strategy, "label": case.label, "workers": case.workers,
+                "rate": case.rate, "rate_bytes_per_s": 1.25e8, "batch_size": 16, "run_config": case.config,
+                "global_batch": 32, "steps_measured": 30, "measured_step_s": step, "measured_throughput": 32 / step,
+                "measured_bytes_per_step": 1.0, "wall_s": 7.0}
+
+    monkeypatch.setattr(emulate, "check_available", lambda: None)
+    monkeypatch.setattr(emulate, "running", lambda hosts, rate, name: contextlib.nullcontext(
+        emulate.Emulated(name=name, hosts=hosts, rate_bytes_per_s=1.25e8, subnet=0)))
+    monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
+    monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
+    monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: 30e9 if threads == 1 else next(loads))
+    monkeypatch.setattr(validate, "run_case", fake_run)
+    monkeypatch.setattr(validate, "too_slow", lambda *a: None)
+    monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
+        "predicted_step_s": 0.5, "error": 0.0, "preset_error": 0.0, "predicted_throughput": 64.0})
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("ps", "allreduce"),
+                        target_s=20.0, max_steps=30, decide_s=0.0)
+    cal = hardware.resolve_cluster("local-cpu")
+    doc = validate.validate(m, tmp_path, cal, speed_reference=30e9, load_reference=29e9)
+    rows = {r["strategy"]: r for r in doc["rows"]}
+    assert rows["ps"]["measured_step_s"] == 0.5 and rows["ps"]["disturbed_step_s"] == 0.9
+    assert rows["ps"]["disturbed_runs"] == 1 and rows["ps"]["load_speed"] == pytest.approx(1.0)
+    assert rows["allreduce"]["measured_step_s"] == 0.2 and "disturbed_runs" not in rows["allreduce"]
+    assert steps == {"ps": [], "allreduce": []} and next(loads, None) is None
