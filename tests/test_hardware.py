@@ -158,3 +158,50 @@ def test_a_measured_first_flows_finish_gives_back_the_flow_lead():
     for bad in ((1, 1e6, 0.5), (4, 0.0, 0.5), (4, 1e6, 0.0), (4, 1e6, 1.5)):
         with pytest.raises(SpecError, match="flow lead"):
             fit_flow_lead_bytes(*bad)
+
+
+ZEN1 = """processor	: 0
+vendor_id	: AuthenticAMD
+cpu family	: 23
+model		: 1
+model name	: AMD EPYC 7551 32-Core Processor
+cpu MHz		: 1996.248
+flags		: fpu sse sse2 avx fma avx2
+
+processor	: 1
+vendor_id	: AuthenticAMD
+"""
+SKYLAKE = """processor : 0
+vendor_id : GenuineIntel
+cpu family : 6
+model : 85
+model name : Intel(R) Xeon(R) Platinum 8175M CPU @ 2.50GHz
+cpu MHz : 3100.000
+flags : fpu sse avx fma avx2 avx512f avx512bw
+"""
+
+
+def test_this_cpu_is_told_by_its_vector_unit_and_nominal_clock():
+    """this_cpu: peak = FLOP a cycle × the nominal clock (the model name's, else cpu MHz), the
+    efficiency by the widest vector unit; a text without flags or clock gives None."""
+    zen = hardware.this_cpu(ZEN1)
+    assert zen.peak_flops_per_s == pytest.approx(16 * 1.996248e9) and zen.compute_efficiency == 0.85
+    assert zen.kind == "cpu" and zen.cores == 1 and "AMD EPYC 7551" in zen.note
+    sky = hardware.this_cpu(SKYLAKE)
+    assert sky.peak_flops_per_s == pytest.approx(64 * 2.5e9) and sky.compute_efficiency == 0.7  # the cpu-core preset's
+    assert hardware.cpu_flops_per_cycle({"avx2", "fma"}, "AuthenticAMD", 0x17, 0x31) == 32  # Zen 2
+    assert hardware.cpu_flops_per_cycle({"avx2", "fma"}, "GenuineIntel", 6, 63) == 32
+    assert hardware.cpu_flops_per_cycle({"avx"}) == 16 and hardware.cpu_flops_per_cycle({"sse2"}) == 8
+    assert hardware.this_cpu("processor : 0\nflags : avx2 fma\n") is None  # no clock
+    assert hardware.this_cpu("") is None
+
+
+def test_the_device_this_cpu_resolves_or_says_why_not(monkeypatch):
+    monkeypatch.setattr(hardware, "this_cpu", lambda cpuinfo=None: None)  # no /proc/cpuinfo
+    with pytest.raises(SpecError, match="cannot tell this machine's CPU"):
+        hardware.device("this-cpu")
+    assert hardware.local_device() == hardware.DEVICES["cpu-core"]
+    monkeypatch.undo()
+    real = hardware.this_cpu()
+    if real is not None:  # a Linux machine
+        assert hardware.device("This-CPU") == real == hardware.local_device()

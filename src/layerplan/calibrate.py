@@ -570,16 +570,23 @@ def steal_s() -> float | None:
 
 def sync_disturbed_nets(sync: dict, effective_cores: float | None) -> dict[str, str]:
     """{net: why} for the nets whose lockstep steps look disturbed: their capacities spread more
-    than ``SYNC_SPREAD_MAX`` or read below ``SYNC_VS_SHARED_MIN`` of ``effective_cores``."""
+    than ``SYNC_SPREAD_MAX`` or read below ``SYNC_VS_SHARED_MIN`` of the most of
+    ``effective_cores`` and the other nets' capacities (a disturbed compute section reads low too)."""
     out = {}
-    for net, row in (sync.get("per_net") or {}).items():
+    per_net = sync.get("per_net") or {}
+    for net, row in per_net.items():
         why = []
         for k in ("capacity", "oversubscribed_capacity"):
             if row[k]["spread"] > SYNC_SPREAD_MAX:
                 why.append(f"{k.replace('_', ' ')} spread {row[k]['spread']:.0%} (> {SYNC_SPREAD_MAX:.0%})")
-        if effective_cores and row["capacity"]["median"] < SYNC_VS_SHARED_MIN * effective_cores:
-            why.append(f"capacity {row['capacity']['median']:.2f} cores, below {SYNC_VS_SHARED_MIN:.0%} of the "
-                       f"{effective_cores:.2f} independent processes got")
+        others = {f"{n}'s lockstep": r["capacity"]["median"] for n, r in per_net.items() if n != net}
+        if effective_cores:
+            others["independent processes'"] = effective_cores
+        if others:
+            whose, ref = max(others.items(), key=lambda kv: kv[1])
+            if row["capacity"]["median"] < SYNC_VS_SHARED_MIN * ref:
+                why.append(f"capacity {row['capacity']['median']:.2f} cores, below {SYNC_VS_SHARED_MIN:.0%} of "
+                           f"the {ref:.2f} of {whose}")
         if why:
             out[net] = "; ".join(why)
     return out
@@ -1022,82 +1029,102 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
             probe_speeds.append(probe_now())
             return probe_speeds[-1]
 
+        history: dict[str, list[dict]] = {}  # a section's readings: result, steal share, lowest probe around it
+        merged: set[str] = set()  # sections whose second reading merges into the first (``again``)
+
+        def judge(stage: str, reading: dict) -> tuple[str | None, float]:
+            """(why disturbed or None, unsteadiness) of a reading, its probes against the best so far."""
+            share = reading["probe"] / max(probe_speeds)
+            return (disturbance(stage, reading["result"], reading["steal"], effective, share),
+                    unsteadiness(stage, reading["result"], reading["steal"], share))
+
+        def kept(stage: str) -> dict:
+            """The reading a section keeps (the last of a merged one; else the undisturbed, else the
+            steadier), its record in ``steadiness``."""
+            judged = [(*judge(stage, r), r) for r in history[stage]]
+            keep = judged[-1] if stage in merged else min(judged, key=lambda j: (j[0] is not None, j[1]))
+            steadiness[stage] = {"tries": len(judged), "disturbed": [j[0] for j in judged if j[0]],
+                                 "kept_disturbed": keep[0], "probe_flops_per_s": [r["probe"] for r in history[stage]]}
+            return keep[2]["result"]
+
         def steady(stage: str, measure: Callable[[], dict], again: Callable[[dict, str], dict] | None = None) -> dict:
             """``measure()``, once more where ``disturbance`` flags it (``again(result, why)`` where
-            given, else ``measure()``), keeping the less disturbed reading; ``steadiness[stage]``."""
-            tries: list[tuple[bool, float, dict, str | None]] = []
-            result: dict = {}
-            probes: list[float] = []
-            for attempt in range(SECTION_TRIES):
-                before = probe_speeds[-1] if probe_speeds and attempt == 0 else probe()  # the last section's after
+            given, else ``measure()``), up to ``SECTION_TRIES`` readings; the one ``kept``."""
+            hist = history.setdefault(stage, [])
+            if again is not None:
+                merged.add(stage)
+            while len(hist) < SECTION_TRIES:
+                before = probe_speeds[-1] if probe_speeds and not hist else probe()  # the last section's after
                 s0, t0 = steal_s(), time.monotonic()
-                result = measure() if attempt == 0 or again is None else again(tries[-1][2], tries[-1][3] or "")
+                result = measure() if not hist or again is None else again(hist[-1]["result"],
+                                                                         judge(stage, hist[-1])[0] or "")
                 s1 = steal_s()
                 share = (s1 - s0) / (cores * max(time.monotonic() - t0, 1e-9)) if s0 is not None and s1 is not None else None
-                after = probe()
-                probes.append(min(before, after))
-                probe_share = min(before, after) / max(probe_speeds) if probe_speeds else None
-                why = disturbance(stage, result, share, effective, probe_share)
-                tries.append((why is not None, unsteadiness(stage, result, share, probe_share), result, why))
-                if why is None:
+                hist.append({"result": result, "steal": share, "probe": min(before, probe())})
+                if judge(stage, hist[-1])[0] is None:
                     break
-            # the merged reading of a partial redo (``again``) is the last; else the undisturbed, else the steadier
-            keep = tries[-1] if again is not None else min(tries, key=lambda t: t[:2])
-            steadiness[stage] = {"tries": len(tries), "disturbed": [t[3] for t in tries if t[3]], "kept_disturbed": keep[3],
-                                 "probe_flops_per_s": probes}
-            return keep[2]
+            return kept(stage)
 
         effective: float | None = None
+        results: dict[str, dict] = {}
+        sections: dict[str, tuple[Callable[[], dict], Callable[[dict, str], dict] | None]] = {}
+
+        def section(stage: str, what: str, measure: Callable[[], dict], again=None) -> dict:
+            sections[stage] = (measure, again)
+            if bar is not None and what:
+                bar.update(task, description=what)
+            results[stage] = steady(stage, measure, again)
+            done(stage)
+            return results[stage]
 
         def compute_section() -> dict:
-            if bar is not None and "compute" in stages_started:
+            if bar is not None and "compute" in history:
                 bar.reset(task, total=3 * repeats, description="compute: 1 thread (again: the machine was disturbed)")
-            stages_started.add("compute")
             return _compute_section(compute_cfg, log_dir, step, cores)
 
-        stages_started: set[str] = set()
-        compute = steady("compute", compute_section)
-        effective = compute["effective_cores"]["median"]
-        done("compute")
-        (log_dir / "link").mkdir(exist_ok=True)
+        effective = section("compute", "", compute_section)["effective_cores"]["median"]
+        for d in ("link", "rounds", "messages"):
+            (log_dir / d).mkdir(exist_ok=True)
         if bar is not None:
-            bar.update(task, completed=2 * repeats, description=f"links: gloo on {on}")
-        link = steady("link", lambda: _link_section(on, name, link_cfg, log_dir / "link", step))
-        done("link")
-        (log_dir / "rounds").mkdir(exist_ok=True)
-        if bar is not None:
-            bar.update(task, description=f"ring rounds: {' and '.join(map(str, round_ranks(cores)))} ranks")
-        rounds = steady("rounds", lambda: measure_rounds(cores, repeats, log_dir / "rounds"))
-        done("rounds")
-        (log_dir / "messages").mkdir(exist_ok=True)
-        if bar is not None:
-            bar.update(task, description=f"messages: {2 * cores} ranks in pairs on {cores} cores")
-        rounds["messages"] = steady("messages", lambda: measure_message_cpu(cores, repeats, log_dir / "messages"))
-        done("messages")
+            bar.update(task, completed=2 * repeats)
+        section("link", f"links: gloo on {on}", lambda: _link_section(on, name, link_cfg, log_dir / "link", step))
+        section("rounds", f"ring rounds: {' and '.join(map(str, round_ranks(cores)))} ranks",
+                lambda: measure_rounds(cores, repeats, log_dir / "rounds"))
+        section("messages", f"messages: {2 * cores} ranks in pairs on {cores} cores",
+                lambda: measure_message_cpu(cores, repeats, log_dir / "messages"))
         sync_cfg = synchronized_steps_config(profile if sync_nets is None else sync_nets, repeats, quick)
-        if bar is not None:
-            bar.update(task, description=f"synchronized training steps, 1, {cores} and {2 * cores} processes: "
-                                         f"{', '.join(sync_cfg['nets'])}")
 
         def sync_again(first: dict, why: str) -> dict:
-            """The disturbed nets' lockstep steps once more (all of them where the steal says the
-            whole section was), merged into ``first``."""
+            """The disturbed nets' lockstep steps once more (all of them where the probes or the
+            steal say the whole section was), merged into ``first``."""
             nets = list(sync_disturbed_nets(first, effective)) or list(sync_cfg["nets"])
             if bar is not None:
                 bar.update(task, description=f"synchronized training steps again (disturbed): {', '.join(nets)}")
             return merge_synchronized(first, measure_synchronized_steps(cores, {**sync_cfg, "nets": nets},
                                                                         log_dir / "synchronized-again"))
 
-        synchronized = steady("synchronized_steps",
-                              lambda: measure_synchronized_steps(cores, sync_cfg, log_dir / "synchronized"), sync_again)
-        done("synchronized_steps")
-        prof = None
+        section("synchronized_steps", f"synchronized training steps, 1, {cores} and {2 * cores} processes: "
+                                      f"{', '.join(sync_cfg['nets'])}",
+                lambda: measure_synchronized_steps(cores, sync_cfg, log_dir / "synchronized"), sync_again)
         if profile_cfg is not None:
             (log_dir / "profile").mkdir(exist_ok=True)
             ptask = bar.add_task(f"profile: layers of {', '.join(profile)}", total=None) if bar else None
-            prof = steady("profile", lambda: measure_profile(profile_cfg, log_dir / "profile",
-                                                             (lambda: bar.advance(ptask)) if bar is not None else None))
-            done("profile")
+            section("profile", "", lambda: measure_profile(profile_cfg, log_dir / "profile",
+                                                           (lambda: bar.advance(ptask)) if bar is not None else None))
+        # a probe tells a disturbed section only against the calibration's best, known at its end: a
+        # section whose probes now read below PROBE_DROP of it is measured again if it has a try left
+        for stage, (measure, again) in sections.items():
+            results[stage] = kept(stage)
+            if steadiness[stage]["kept_disturbed"] and len(history[stage]) < SECTION_TRIES:
+                if bar is not None:
+                    bar.update(task, description=f"{stage.replace('_', ' ')} again: the machine was disturbed")
+                t_again = time.monotonic()
+                results[stage] = steady(stage, measure, again)
+                if stage == "compute":
+                    effective = results["compute"]["effective_cores"]["median"]
+                stages[stage] += time.monotonic() - t_again
+    rounds = {**results["rounds"], "messages": results["messages"]}
+    prof = results.get("profile")
     out = {
         "format": FORMAT_VERSION,
         "on": on,
@@ -1108,10 +1135,10 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
         "durations_s": stages,
         "machine": {"cpu": _cpu_name(), "cores": cores, "python": platform.python_version(),
                     "when": time.strftime("%Y-%m-%d %H:%M:%S")},
-        "compute": compute,
-        "link": link,
+        "compute": results["compute"],
+        "link": results["link"],
         "rounds": rounds,
-        "synchronized_steps": synchronized,
+        "synchronized_steps": results["synchronized_steps"],
         "steadiness": steadiness,
     }
     if prof is not None:

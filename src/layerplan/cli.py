@@ -142,7 +142,9 @@ def cmd_hardware(args: argparse.Namespace) -> int:
     if args.json:
         from dataclasses import asdict
 
-        emit_json({"devices": {k: asdict(v) for k, v in hardware.DEVICES.items()},
+        this = hardware.this_cpu()
+        emit_json({"devices": {**{k: asdict(v) for k, v in hardware.DEVICES.items()},
+                               **({"this-cpu": asdict(this)} if this else {})},
                    "links": {k: asdict(v) for k, v in hardware.LINKS.items()},
                    "nodes": {k: {"device": d, "devices_per_node": n, "nic": nic, "note": note}
                              for k, (d, n, nic, note) in hardware.NODES.items()}})

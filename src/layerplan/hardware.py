@@ -503,10 +503,74 @@ NODES: dict[str, tuple[str, int, str, str]] = {
 
 
 def device(name: str) -> DeviceSpec:
+    """A device preset by name; ``this-cpu``: one core of this machine (``this_cpu``)."""
+    if name.lower() == "this-cpu":
+        dev = this_cpu()
+        if dev is None:
+            raise SpecError("cannot tell this machine's CPU (no /proc/cpuinfo with its vector flags and clock): "
+                            "use the cpu-core preset, or measure it with `layerplan calibrate -o cluster.yaml`")
+        return dev
     try:
         return DEVICES[name.lower()]
     except KeyError:
-        raise SpecError(f"unknown device {name!r}; known: {', '.join(DEVICES)}") from None
+        raise SpecError(f"unknown device {name!r}; known: {', '.join(DEVICES)}, this-cpu") from None
+
+
+CPU_EFFICIENCY = {"avx512f": 0.7, "avx2": 0.85}
+"""``compute_efficiency`` of a core by its widest vector unit, against its nominal clock: conv nets'
+layers at one thread ran at 100-130 GFLOP/s on AVX-512 cores of 160 GFLOP/s nominal (the cpu-core
+preset's 0.7; AVX-512 code runs below the nominal clock), and at 26.7-27.7 GFLOP/s on an AVX2
+core of 31.9 (AMD EPYC, Zen 1 at 2.0 GHz nominal, which boosts above it): 0.84-0.87."""
+
+
+def cpu_flops_per_cycle(flags: set[str], vendor: str = "", family: int = 0, model: int = 0) -> int:
+    """FP32 FLOP one core issues a cycle by its vector unit: AVX-512 64 (two 16-lane FMA units),
+    AVX2 with FMA 32 (two 8-lane) — but AMD Zen 1 and Zen+ (family 0x17, model below 0x30) 16,
+    their 256-bit operations two 128-bit halves — AVX 16 (an 8-lane multiply and add), else SSE 8."""
+    if "avx512f" in flags:
+        return 64
+    if "avx2" in flags and "fma" in flags:
+        return 16 if vendor == "AuthenticAMD" and family == 0x17 and model < 0x30 else 32
+    return 16 if "avx" in flags else 8
+
+
+def this_cpu(cpuinfo: str | None = None) -> DeviceSpec | None:
+    """One core of this machine as a device, from /proc/cpuinfo (or ``cpuinfo``'s text) alone —
+    no measurement: peak = ``cpu_flops_per_cycle`` × the nominal clock (the model name's
+    "@ x.xxGHz", else "cpu MHz"), ``CPU_EFFICIENCY`` of it; memory as the cpu-core preset's.
+    None where the text does not say (not Linux, no clock)."""
+    import re
+
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None
+    first = cpuinfo.strip().split("\n\n")[0]
+    info = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in first.splitlines()) if v}
+    flags = set(info.get("flags", "").split())
+    name = info.get("model name", "")
+    ghz = re.search(r"@\s*([0-9.]+)\s*GHz", name)
+    try:
+        clock_hz = float(ghz.group(1)) * 1e9 if ghz else float(info["cpu MHz"]) * 1e6
+        family, model = int(info.get("cpu family", "0")), int(info.get("model", "0"))
+    except (KeyError, ValueError):
+        return None
+    if not flags or clock_hz <= 0:
+        return None
+    per_cycle = cpu_flops_per_cycle(flags, info.get("vendor_id", ""), family, model)
+    widest = "avx512f" if "avx512f" in flags else "avx2"
+    base = DEVICES["cpu-core"]
+    return replace(base, name="this-cpu", peak_flops_per_s=per_cycle * clock_hz,
+                   compute_efficiency=CPU_EFFICIENCY[widest],
+                   note=f"one core of this machine ({name or 'unnamed CPU'}): {per_cycle} FLOP/cycle at "
+                        f"{clock_hz / 1e9:.2f} GHz nominal, from /proc/cpuinfo; calibrate for a measured figure")
+
+
+def local_device() -> DeviceSpec:
+    """One core of this machine: ``this_cpu()``, else the cpu-core preset."""
+    return this_cpu() or DEVICES["cpu-core"]
 
 
 def link(name_or_rate: str) -> LinkSpec:

@@ -134,7 +134,7 @@ def print_hardware() -> None:
     t = Table(title="devices (--device)", title_justify="left")
     for col in ("name", "peak fp32", "memory bw", "memory", "efficiency", "source"):
         t.add_column(col)
-    for d in hardware.DEVICES.values():
+    for d in [*hardware.DEVICES.values(), *filter(None, [hardware.this_cpu()])]:
         t.add_row(d.name, units.format_flops_rate(d.peak_flops_per_s), units.format_bytes(d.mem_bandwidth_bytes_per_s) + "/s",
                   units.format_bytes(d.memory_bytes, binary=True), f"{d.compute_efficiency:.2f}", d.note)
     console().print(t)

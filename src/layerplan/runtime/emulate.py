@@ -81,14 +81,15 @@ class Emulated:
     def cluster_spec(self, device=None, shared_cores: int | None = None):
         """The ClusterSpec this emulation stands for: its link rate (TCP payload efficiency as
         measured here, EMULATION.md: ≈ 0.956) and tbf bucket (``burst_bytes``), one CPU device per
-        host, and the cores every host shares (the machine's)."""
+        host (``hardware.local_device``: a core of this machine by its /proc/cpuinfo), and the cores
+        every host shares (the machine's)."""
         from layerplan import hardware
 
         nic = hardware.LinkSpec(name=f"emulated {units.format_bandwidth(self.rate_bytes_per_s)}",
                                 bandwidth_bytes_per_s=self.rate_bytes_per_s, latency_s=90e-6, efficiency=0.956,
                                 flow_lead_bytes=FLOW_LEAD_BYTES, burst_bytes=burst_bytes(self.rate_bytes_per_s),
                                 note="tbf-shaped veth on this machine")
-        return hardware.ClusterSpec(name=f"emulated:{self.name}", nodes=self.hosts, device=device or hardware.DEVICES["cpu-core"],
+        return hardware.ClusterSpec(name=f"emulated:{self.name}", nodes=self.hosts, device=device or hardware.local_device(),
                                     nic=nic, shared_cores=shared_cores or os.cpu_count() or 1)
 
 

@@ -37,7 +37,7 @@ def local_cluster(nodes: int, device: hardware.DeviceSpec | None = None, link: h
                   shared_cores: int | None = None) -> hardware.ClusterSpec:
     """Ranks as processes on this machine: one rank per 'node', all sharing this machine's cores
     (one torch thread each), talking over loopback."""
-    return hardware.ClusterSpec(name="local", nodes=nodes, device=device or hardware.DEVICES["cpu-core"],
+    return hardware.ClusterSpec(name="local", nodes=nodes, device=device or hardware.local_device(),
                                 nic=link or LOOPBACK, shared_cores=shared_cores or os.cpu_count() or 1)
 
 
