@@ -394,19 +394,16 @@ def test_contenders_are_the_scenarios_fastest_within_decide_within():
     assert validate.gap(rows, ("m", 4, "1Gbit")) == float("inf")  # no rows of that scenario
 
 
-def test_validate_decides_a_close_scenario_by_running_its_fastest_again_interleaved(tmp_path, monkeypatch):
-    """The matrix loop with its runs faked (the cluster and the runs are tested in the dist tests):
-    ps is far behind; allreduce and stanza measure 0.5% apart at first, so both run again, the
-    slower first, then the faster first — and the runs again decide stanza is the faster."""
+def fake_matrix_loop(monkeypatch, steps: dict, order: list | None = None) -> None:
+    """validate's matrix loop without a cluster: each run of a strategy measures the next of
+    ``steps[strategy]`` (appended to ``order``), the emulated cluster a stand-in."""
     import contextlib
 
     from layerplan.runtime import emulate
 
-    steps = {"ps": [0.5], "allreduce": [0.200, 0.204, 0.205], "stanza": [0.201, 0.199, 0.200]}
-    order = []
-
     def fake_run(case, emu, calibrated, matrix, run_dir):
-        order.append(case.strategy)
+        if order is not None:
+            order.append(case.strategy)
         step = steps[case.strategy].pop(0)
         return {"model": case.model, "strategy": case.strategy, "label": case.label, "workers": case.workers,
                 "rate": case.rate, "rate_bytes_per_s": 1.25e8, "batch_size": 16, "run_config": case.config,
@@ -418,6 +415,15 @@ def test_validate_decides_a_close_scenario_by_running_its_fastest_again_interlea
         emulate.Emulated(name=name, hosts=hosts, rate_bytes_per_s=1.25e8, subnet=0)))
     monkeypatch.setattr(validate, "run_case", fake_run)
     monkeypatch.setattr(validate, "too_slow", lambda *a: None)
+
+
+def test_validate_decides_a_close_scenario_by_running_its_fastest_again_interleaved(tmp_path, monkeypatch):
+    """The matrix loop with its runs faked (the cluster and the runs are tested in the dist tests):
+    ps is far behind; allreduce and stanza measure 0.5% apart at first, so both run again, the
+    slower first, then the faster first — and the runs again decide stanza is the faster."""
+    steps = {"ps": [0.5], "allreduce": [0.200, 0.204, 0.205], "stanza": [0.201, 0.199, 0.200]}
+    order = []
+    fake_matrix_loop(monkeypatch, steps, order)
     def fake_prediction(row, emu, calibrated):
         pt = {"ps": 50.0, "allreduce": 160.0, "stanza": 150.0}[row["strategy"]]  # predicted: allreduce
         return {"predicted_step_s": 32 / pt, "error": 0.0, "preset_error": 0.0, "predicted_throughput": pt}
@@ -447,30 +453,16 @@ def test_a_row_run_while_the_cores_were_disturbed_runs_again_and_the_steadier_ru
     """Both cores' probe read below DISTURBED_LOAD of its calibration-time figure after the first
     run (another tenant had the cores): the row runs again and keeps the second, steady run; the
     first's step is recorded as ``disturbed_step_s``. A steady row runs once."""
-    import contextlib
-
     from layerplan import calibrate, hardware
     from layerplan.runtime import emulate
 
     steps = {"ps": [0.9, 0.5], "allreduce": [0.2]}
     loads = iter([29e9, 14e9, 29e9, 29e9, 29e9, 29e9])  # ps: before, after; again: before, after; allreduce
-
-    def fake_run(case, emu, calibrated, matrix, run_dir):
-        step = steps[case.strategy].pop(0)
-        return {"model": case.model, "strategy": case.strategy, "label": case.label, "workers": case.workers,
-                "rate": case.rate, "rate_bytes_per_s": 1.25e8, "batch_size": 16, "run_config": case.config,
-                "global_batch": 32, "steps_measured": 30, "measured_step_s": step, "measured_throughput": 32 / step,
-                "measured_bytes_per_step": 1.0, "wall_s": 7.0}
-
-    monkeypatch.setattr(emulate, "check_available", lambda: None)
-    monkeypatch.setattr(emulate, "running", lambda hosts, rate, name: contextlib.nullcontext(
-        emulate.Emulated(name=name, hosts=hosts, rate_bytes_per_s=1.25e8, subnet=0)))
+    fake_matrix_loop(monkeypatch, steps)
     monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
     monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
     monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
     monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: 30e9 if threads == 1 else next(loads))
-    monkeypatch.setattr(validate, "run_case", fake_run)
-    monkeypatch.setattr(validate, "too_slow", lambda *a: None)
     monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
         "predicted_step_s": 0.5, "error": 0.0, "preset_error": 0.0, "predicted_throughput": 64.0})
     m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("ps", "allreduce"),

@@ -65,7 +65,7 @@ def add_cluster_args(p: argparse.ArgumentParser, nodes_default: int | None = Non
     g.add_argument("--cluster", metavar="PRESET|FILE", default=None,
                    help="a node preset (see `layerplan hardware`) or a cluster file (.yaml/.json); default titan-x")
     g.add_argument("--nodes", type=positive_int, default=nodes_default, metavar="N", help="number of nodes (machines)")
-    g.add_argument("--device", metavar="D", help="replace the preset's device (e.g. v100, k80)")
+    g.add_argument("--device", metavar="D", help="replace the preset's device (e.g. v100, k80; this-cpu: a core of this machine, from /proc/cpuinfo)")
     g.add_argument("--bandwidth", metavar="RATE", help="replace the NIC rate, e.g. 10Gbit, 100Mbit, or a link preset")
     g.add_argument("--shared-cores", type=positive_int, metavar="C",
                    help="all nodes share C CPU cores (as on the emulated cluster)")
