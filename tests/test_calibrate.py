@@ -548,8 +548,11 @@ def test_calibrate_measures_a_disturbed_section_again_and_keeps_the_steady_readi
     monkeypatch.setattr(calibrate, "measure_profile", profile)
     monkeypatch.setattr(calibrate, "steal_s", lambda: None)
     # the cores' speed: steady but for the probe after the link's first reading (another tenant's episode)
-    speeds = iter([29e9] * 4 + [14e9])
+    # and again twice before its second reading, which waits for them (STEADY_POLL_S)
+    speeds = iter([29e9] * 4 + [14e9] * 3)
     monkeypatch.setattr(calibrate, "_prober", lambda *a: contextlib.nullcontext(lambda: next(speeds, 29e9)))
+    sleeps = []
+    monkeypatch.setattr(calibrate.time, "sleep", sleeps.append)
     out = calibrate.calibrate(quick=True, progress=False, profile=["alexnet_cifar"],
                               sync_nets=["alexnet_cifar", "resnet_cifar"])
     assert calls["compute"] == 2 and out["compute"]["per_thread_flops_per_s"]["spread"] < 0.05
@@ -561,6 +564,7 @@ def test_calibrate_measures_a_disturbed_section_again_and_keeps_the_steady_readi
     assert st["compute"]["kept_disturbed"] is None and st["rounds"]["tries"] == 1
     assert st["link"]["tries"] == 2 and "the cores ran at 0.48× their best speed" in st["link"]["disturbed"][0]
     assert st["link"]["probe_flops_per_s"] == [14e9, 29e9] and st["link"]["kept_disturbed"] is None
+    assert sleeps == [calibrate.STEADY_POLL_S] * 2
     assert calibrate.still_disturbed(out) == {}
     assert any(line.startswith("compute: measured 2 times") and "the steady reading kept" in line
                for line in calibrate.summary_lines(out))

@@ -552,6 +552,11 @@ PROBE_DROP = 0.8
 between) read below this share of the calibration's best is disturbed: another tenant of this host
 took about half its cores in episodes of seconds to minutes (14 GFLOP/s a thread against 29; the
 steady probe varies by ±5%), which the hypervisor did not report as steal."""
+STEADY_WAIT_S, STEADY_POLL_S = 60.0, 2.0
+"""Before a disturbed section's second reading the cores are probed every 2 s until they run at
+``PROBE_DROP`` of the best again, for up to a minute: the ring rounds' 13 s, read again at once,
+fell in the same episode (0.66 and 0.64 of the best; its wait a round 0.90 ms where steady
+readings give 0.47–0.56)."""
 STEAL_SHARE_MAX = 0.02
 """A section during which the hypervisor gave more than this share of the cores' time to other
 guests (/proc/stat's steal) is disturbed whatever its spread."""
@@ -1054,7 +1059,11 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
             if again is not None:
                 merged.add(stage)
             while len(hist) < SECTION_TRIES:
-                before = probe_speeds[-1] if probe_speeds and not hist else probe()  # the last section's after
+                if hist:  # a reading again: once the cores are back to speed, or STEADY_WAIT_S on
+                    wait_until = time.monotonic() + STEADY_WAIT_S
+                    while probe() < PROBE_DROP * max(probe_speeds) and time.monotonic() < wait_until:
+                        time.sleep(STEADY_POLL_S)
+                before = probe_speeds[-1] if probe_speeds else probe()  # the last section's after, or the wait's last
                 s0, t0 = steal_s(), time.monotonic()
                 result = measure() if not hist or again is None else again(hist[-1]["result"],
                                                                          judge(stage, hist[-1])[0] or "")
