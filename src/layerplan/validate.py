@@ -701,7 +701,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
         if load_reference is None:
             load_reference = speed_probe(threads=2)
     meta = {"speed_reference_flops_per_s": speed_reference, "load_reference_flops_per_s": load_reference} if track else {}
-    rerun_s = [math.inf]  # the seconds left for disturbed rows' second runs (RERUN_SHARE of a budget)
+    rerun_left_s = math.inf  # for disturbed rows' second runs (RERUN_SHARE of a budget)
     if deadline is not None:  # fit the rows into what is left of the budget (Matrix.budget_s)
         pending = [r for r in estimate(matrix, calibrated) if r["predicted_step_s"] and not r["skip"]
                    and (r["model"], r["label"], r["workers"], r["rate"]) not in finished]
@@ -709,7 +709,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
         available_s = deadline - time.monotonic() - rates * (RATE_OVERHEAD_S + matrix.decide_s)
         fitted = fit_target_s(matrix, [(r["predicted_step_s"], 2 if r["config"].get("groups") else 1)
                                        for r in pending], available_s * (1 - RERUN_SHARE))
-        rerun_s[0] = available_s * RERUN_SHARE
+        rerun_left_s = available_s * RERUN_SHARE
         meta["target_s"] = fitted
         if fitted < matrix.target_s:
             if progress:
@@ -750,15 +750,13 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                         return row
 
                     row = probed_run()
-                    if track and row["load_speed"] < DISTURBED_LOAD and rerun_s[0] >= row["wall_s"]:
+                    if track and row["load_speed"] < DISTURBED_LOAD and rerun_left_s >= row["wall_s"]:
                         if progress:  # DISTURBED_LOAD: another tenant had the cores; the steadier run is kept
                             progress(f"{c.model} {c.label} {c.workers}w {rate} (again: the cores ran at "
                                      f"{row['load_speed']:.2f}× their calibration-time speed around it)")
-                        rerun_s[0] -= row["wall_s"]
-                        second = probed_run()
-                        kept = max((row, second), key=lambda r: r["load_speed"])
-                        row = {**kept, "disturbed_runs": 1, "disturbed_step_s": min((row, second), key=lambda r: (
-                            r["load_speed"]))["measured_step_s"]}
+                        rerun_left_s -= row["wall_s"]
+                        row, other = sorted((row, probed_run()), key=lambda r: r["load_speed"], reverse=True)
+                        row = {**row, "disturbed_runs": 1, "disturbed_step_s": other["measured_step_s"]}
                     rows.append({**row, **prediction(row, emu, calibrated)})
                 except RunError as e:  # one failed configuration is reported, the matrix goes on
                     reason = f"failed: {e}"
