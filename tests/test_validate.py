@@ -18,7 +18,7 @@ def row(model, strategy, meas, pred, workers=2, rate="1Gbit", preset=None):
     return {"model": model, "strategy": strategy, "workers": workers, "rate": rate, "measured_step_s": meas,
             "predicted_step_s": pred, "error": (pred - meas) / meas,
             "preset_error": ((preset or pred) - meas) / meas, "measured_throughput": 32 / meas,
-            "predicted_throughput": 32 / pred}
+            "predicted_throughput": 32 / pred, "lower_bound_s": 0.8 * meas, "efficiency": 0.8, "bottleneck": "a NIC"}
 
 
 def test_summary_statistics_follow_their_definitions():
@@ -40,6 +40,9 @@ def test_summary_statistics_follow_their_definitions():
     assert s["max_choice_loss"] == pytest.approx(0.5)
     sp = {(x["model"], x["vs"]): x for x in s["speedups"]}
     assert sp[("a", "ps")]["measured"] == pytest.approx(4.0) and sp[("a", "ps")]["predicted"] == pytest.approx(1.1 / 0.26)
+    eff = {(x["model"], x["strategy"]): x for x in s["efficiencies"]}  # stanza and DDP where both ran: a
+    assert set(eff) == {("a", "stanza"), ("a", "allreduce")} and eff[("a", "stanza")]["measured"] == 0.8
+    assert eff[("a", "allreduce")]["predicted"] == pytest.approx(0.4 / 0.45) and eff[("a", "stanza")]["bottleneck"] == "a NIC"
     ps = s["by_strategy"]["ps"]  # a: +10%, b: −50%
     assert ps["configurations"] == 2 and ps["median_abs_error"] == pytest.approx(0.3) and ps["max_abs_error"] == pytest.approx(0.5)
     assert ps["p90_abs_error"] == pytest.approx(0.46)

@@ -548,6 +548,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "max_choice_loss": max((b["choice_loss"] for b in best), default=None),
         "scenarios": best,
         "speedups": speedups(rows),
+        "efficiencies": efficiencies(rows),
         "by_strategy": by_strategy(rows),
     }
 
@@ -581,6 +582,27 @@ def speedups(rows: list[dict]) -> list[dict]:
                 pred = q["predicted_step_s"] / r["predicted_step_s"]
                 out.append({"model": model, "workers": n, "rate": rate, "vs": peer, "measured": meas, "predicted": pred,
                             "error": (pred - meas) / meas})
+    return out
+
+
+EFFICIENCY_TARGET = 0.85
+"""Stanza and DDP should reach this share of their lower bound, max(compute, bytes/bandwidth);
+where a row does not, the summary gives the model's efficiency for it and its bottleneck, the reason."""
+
+
+def efficiencies(rows: list[dict]) -> list[dict]:
+    """Stanza's and DDP's efficiency against the lower bound in every scenario that has both:
+    measured, predicted (the bound over the predicted step) and the model's bottleneck."""
+    by = {(r["model"], r["workers"], r["rate"], r["strategy"]): r for r in rows}
+    out = []
+    for (model, n, rate, s), r in by.items():
+        if s == "stanza" and (model, n, rate, "allreduce") in by:
+            for q in (r, by[(model, n, rate, "allreduce")]):
+                if "lower_bound_s" not in q:
+                    continue
+                out.append({"model": model, "workers": n, "rate": rate, "strategy": q["strategy"],
+                            "measured": q["efficiency"], "predicted": q["lower_bound_s"] / q["predicted_step_s"],
+                            "bottleneck": q.get("bottleneck")})
     return out
 
 
@@ -949,6 +971,16 @@ def print_summary(doc: dict, con=None) -> None:
     for sp in s["speedups"]:
         con.print(f"  stanza vs {sp['vs']} ({sp['model']}, {sp['workers']} workers, {sp['rate']}): measured "
                   f"{sp['measured']:.2f}×, predicted {sp['predicted']:.2f}× ({100 * sp['error']:+.1f}%)")
+    effs = s.get("efficiencies") or []
+    if effs:
+        short = [e for e in effs if e["measured"] < EFFICIENCY_TARGET]
+        con.print(f"  stanza and DDP against their lower bound: {len(effs) - len(short)} of {len(effs)} rows reach "
+                  f"{EFFICIENCY_TARGET:.0%}" + ("; the others, with the model's figure and bottleneck (the reason):"
+                                                 if short else ""))
+        for e in short:
+            name = "DDP" if e["strategy"] == "allreduce" else e["strategy"]
+            con.print(f"    {name} ({e['model']}, {e['workers']} workers, {e['rate']}): {e['measured']:.0%}, predicted "
+                      f"{e['predicted']:.0%}" + (f" — {e['bottleneck']}" if e.get("bottleneck") else ""))
     for k in doc.get("skipped", []):
         con.print(f"  skipped {k['model']} {k['strategy']} {k['workers']}w {k['rate']}: {k['reason']}")
 
