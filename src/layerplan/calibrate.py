@@ -32,6 +32,10 @@ What is measured, each ``repeats`` times (every figure: median and spread = (max
   and two per core with a barrier after every step: the cores' worth distributed steps get
   (``shared_core_capacity``, ``oversubscribed_core_capacity``).
 
+Each section runs between probes of every core's speed (``_prober``) and is measured once more
+where other work on the machine disturbed it (``disturbance``: the probes, the hypervisor's steal,
+its own repeats' disagreement), the steadier reading kept; ``steadiness`` in the result says which.
+
 The CLI (``layerplan calibrate``) is a thin wrapper; the worker processes are this module:
 ``python -m layerplan.calibrate compute|link|profile|rounds|messages|steps --config JSON``.
 """
