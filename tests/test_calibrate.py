@@ -488,6 +488,10 @@ def test_a_disturbed_section_is_told_by_its_spread_its_lockstep_capacity_or_the_
     wide = {**sync, "per_net": {"resnet_cifar": {**sync["per_net"]["resnet_cifar"], "capacity": s([1.2, 1.9])}}}
     assert "capacity spread" in calibrate.disturbance("synchronized_steps", wide, None, None)
     assert calibrate.disturbance("link", r["link"], 0.0) is None  # a link's repeats spread widely when steady
+    assert calibrate.disturbance("rounds", r["rounds"], 0.0) is None
+    bimodal = {**r["rounds"], "round_s": {"2": s([1.754e-3, 0.249e-3, 1.371e-3]), "4": s([0.836e-3, 0.788e-3, 0.74e-3])}}
+    why = calibrate.disturbance("rounds", bimodal, 0.0)
+    assert "ring rounds with 2 ranks spread" in why and "with 4 ranks (788 µs) took less than with 2" in why
 
 
 def test_merging_a_redone_net_keeps_the_steadier_reading_and_recomputes_the_totals():

@@ -556,6 +556,11 @@ PROBE_DROP = 0.8
 between) read below this share of the calibration's best is disturbed: another tenant of this host
 took about half its cores in episodes of seconds to minutes (14 GFLOP/s a thread against 29; the
 steady probe varies by ±5%), which the hypervisor did not report as steal."""
+ROUNDS_SPREAD_MAX = 1.0
+"""A ring round's repeats (``measure_rounds``) agree within this when steady; one validate
+calibration here read 1.75, 0.25 and 1.37 ms for a round of 2 ranks (0.36–0.39 ms in steady ones)
+and 0.74–0.84 ms with 4 — fewer ranks cannot take longer on the same cores — so its
+``oversubscribed_wait_s`` came out 0."""
 STEADY_WAIT_S, STEADY_POLL_S = 60.0, 2.0
 """Before a disturbed section's second reading the cores are probed every 2 s until they run at
 ``PROBE_DROP`` of the best again, for up to a minute: the ring rounds' 13 s, read again at once,
@@ -606,8 +611,8 @@ def disturbance(stage: str, result: dict, steal_share: float | None, effective_c
     """Why section ``stage``'s ``result`` looks disturbed by other work on the machine (None: it
     does not): the cores' speed around it (``probe_share``, of the calibration's best) below
     ``PROBE_DROP``, the hypervisor's steal over ``STEAL_SHARE_MAX`` of the section's core time, and
-    for compute and lockstep steps their repeats' disagreement (``COMPUTE_SPREAD_MAX``,
-    ``sync_disturbed_nets``)."""
+    for compute, lockstep steps and ring rounds their repeats' disagreement (``COMPUTE_SPREAD_MAX``,
+    ``sync_disturbed_nets``, ``ROUNDS_SPREAD_MAX``; a round of more ranks faster than of fewer)."""
     why = []
     if probe_share is not None and probe_share < PROBE_DROP:
         why.append(f"the cores ran at {probe_share:.2f}× their best speed around it")
@@ -619,6 +624,15 @@ def disturbance(stage: str, result: dict, steal_share: float | None, effective_c
                 why.append(f"{what} FLOP/s spread {result[k]['spread']:.1%} (> {COMPUTE_SPREAD_MAX:.0%})")
     elif stage == "synchronized_steps":
         why += [f"{net}: {w}" for net, w in sync_disturbed_nets(result, effective_cores).items()]
+    elif stage == "rounds" and result.get("round_s"):
+        rounds = sorted(result["round_s"].items(), key=lambda kv: int(kv[0]))
+        for n, row in rounds:
+            if row["spread"] > ROUNDS_SPREAD_MAX:
+                why.append(f"ring rounds with {n} ranks spread {row['spread']:.0%} (> {ROUNDS_SPREAD_MAX:.0%})")
+        (few, lo), (many, hi) = rounds[0], rounds[-1]
+        if len(rounds) > 1 and hi["median"] < lo["median"]:
+            why.append(f"a ring round with {many} ranks ({units.format_seconds(hi['median'])}) took less than with "
+                       f"{few} ({units.format_seconds(lo['median'])})")
     return "; ".join(why) or None
 
 
