@@ -646,6 +646,19 @@ def unsteadiness(stage: str, result: dict, steal_share: float | None, probe_shar
     return slow + (steal_share or 0.0)
 
 
+def steadiness_lines(result: dict) -> list[str]:
+    """A line for each section of a ``calibrate`` result measured more than once: why, and whether
+    the kept reading is steady (else a warning)."""
+    lines = []
+    for stage, st in (result.get("steadiness") or {}).items():
+        if st["tries"] > 1:
+            lines.append(f"{stage.replace('_', ' ')}: measured {st['tries']} times, the first disturbed by other work "
+                         f"({st['disturbed'][0]})" + (f"; warning: still disturbed ({st['kept_disturbed']}): predictions "
+                                                      "from it may be off — calibrate on an idle machine"
+                                                      if st["kept_disturbed"] else "; the steady reading kept"))
+    return lines
+
+
 def still_disturbed(result: dict) -> dict[str, str]:
     """{section: why} for the sections of a ``calibrate`` result that stayed disturbed after
     ``SECTION_TRIES`` readings."""
@@ -1405,12 +1418,7 @@ def summary_lines(result: dict) -> list[str]:
             lines.append(f"{calls} more small all-reduce{'s' if calls > 1 else ''} a step in lockstep, between its "
                          f"layers: {f(sync['collective_wait_s'], units.format_seconds)} more a step each "
                          "(collective_wait_s)")
-    for stage, st in (result.get("steadiness") or {}).items():
-        if st["tries"] > 1:
-            what = stage.replace("_", " ")
-            lines.append(f"{what}: measured {st['tries']} times, the first disturbed by other work ({st['disturbed'][0]})"
-                         + (f"; warning: still disturbed ({st['kept_disturbed']}): predictions from it may be off — "
-                            "calibrate on an idle machine" if st["kept_disturbed"] else "; the steady reading kept"))
+    lines += steadiness_lines(result)
     if result.get("profile"):
         p = result["profile"]
         lines.append(f"profiled {len(p['layers'])} distinct layers of {', '.join(p['nets'])} at batch "

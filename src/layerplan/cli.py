@@ -455,14 +455,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         calibrated = calibrate.save(measured, out / "calibration.yaml")  # --calibration FILE reuses it
         (out / "calibration.json").write_text(json.dumps(measured, indent=1) + "\n")  # every figure, for a post-mortem
         if not args.json:
-            for stage, st in measured.get("steadiness", {}).items():
-                if st["tries"] > 1:
-                    con.print(f"[yellow]{stage.replace('_', ' ')}: measured again, the machine was disturbed "
-                              f"({st['disturbed'][0]})[/]")
-            for stage, why in calibrate.still_disturbed(measured).items():
-                con.print(f"[bold yellow]warning: the calibration's {stage.replace('_', ' ')} stayed disturbed ({why}): "
-                          "predictions from it may be off; rerun on an idle machine or reuse a steady calibration "
-                          "with --calibration FILE[/]")
+            for line in calibrate.steadiness_lines(measured):
+                con.print(line, style="yellow", markup=False, highlight=False)
+            if calibrate.still_disturbed(measured):
+                con.print("[bold yellow]rerun on an idle machine, or reuse a steady calibration with "
+                          "--calibration FILE[/]")
         speed_reference = (before + calibrate.speed_probe()) / 2.0
         load_reference = (before_load + calibrate.speed_probe(threads=2)) / 2.0
         from layerplan.runtime import emulate

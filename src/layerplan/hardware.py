@@ -534,6 +534,15 @@ def cpu_flops_per_cycle(flags: set[str], vendor: str = "", family: int = 0, mode
     return 16 if "avx" in flags else 8
 
 
+@functools.lru_cache(maxsize=1)
+def _proc_cpuinfo() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def this_cpu(cpuinfo: str | None = None) -> DeviceSpec | None:
     """One core of this machine as a device, from /proc/cpuinfo (or ``cpuinfo``'s text) alone —
     no measurement: peak = ``cpu_flops_per_cycle`` × the nominal clock (the model name's
@@ -542,10 +551,8 @@ def this_cpu(cpuinfo: str | None = None) -> DeviceSpec | None:
     import re
 
     if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
+        cpuinfo = _proc_cpuinfo()
+        if cpuinfo is None:
             return None
     first = cpuinfo.strip().split("\n\n")[0]
     info = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in first.splitlines()) if v}
