@@ -12,11 +12,13 @@ one group's pull at a time and takes one group's push at a time (each queued unt
 arrived), as the runtime does: without the queues the schedule let two pulls share the egress and
 its round time swung ±15% with a tenth of a millisecond of latency (resnet_cifar, 4 groups, 100 Mbit/s).
 
-On shared cores (the emulated cluster) groups that share no clock are simulated with the mean
-field (``StepGraph.mean_field_cores``, g > 1): each compute thread meets the other groups' compute
-at their average busy share, not in the lineup the event-driven schedule settles into, in which
-they overlapped a third less than in a run (alexnet_cifar, 4 groups at 1 Gbit/s: 337 ms a round
-predicted, 408-420 measured; with the mean field 382).
+On shared cores (the emulated cluster) three or more groups that share no clock are simulated
+with the mean field (``StepGraph.mean_field_cores``, g > ``MEAN_FIELD_MIN_GROUPS``): each
+compute thread meets the other groups' compute at their average busy share, not in the lineup the
+event-driven schedule settles into, in which they overlapped a third less than in a run
+(alexnet_cifar, 4 groups at 1 Gbit/s: 337 ms a round predicted, 408-420 measured; with the mean
+field 382). Two groups keep the event-driven lineup: the conv model server's and the merged FC
+server's queues hold them in turn, one computing while the other is served, as the schedule has it.
 
 FC side: with **merged FC** (the default, Omnivore §V-A) one machine holds the FC model and does the
 FC compute, one group batch at a time in arrival order (FC staleness 0), and sends a batch's
@@ -44,6 +46,14 @@ from layerplan.strategies.base import (Strategy, bwd_s, fwd_s, param_bytes, requ
                                        stagger_groups, update_s)
 
 ROUNDS = 8  # unrolled rounds (each group one iteration per round); the second half is measured
+
+MEAN_FIELD_MIN_GROUPS = 2
+"""More groups than this are simulated with the mean field on shared cores (module docstring).
+Four full validations repredicted (vf55, vf57-vf59: 16 two-group configurations each), the mean
+field for two groups too put them 0.3-15.3% slow against their scenario's median error (mean of
+four runs; +15.3 and +14.0 for alexnet_cifar and vgg16_cifar at 2 workers and 10 Gbit/s), the
+event-driven lineup -1.6 to +5.2% (+5.0 and +3.9 there); resnet_cifar's 4 groups at 100 Mbit/s
+went -4.7 → -12.5% without it. p90 |error| 7.0/9.2/10.1/8.0% → 6.0/8.9/10.1/7.8%."""
 
 
 FULLY_ASYNC_MAX_GROUPS = 64
@@ -230,4 +240,4 @@ class Groups(Strategy):
         split = len(parts) > 1
         roles = self.roles(config) | ({f"group0{p}": c for (p, _), c in zip(parts, counts)} if split else {})
         return StepGraph(groups=roles, build=build, iterations=ROUNDS, samples_per_step=g * k * batch,
-                         report_as={f"group0{p}": "group0" for p, _ in parts[1:]}, mean_field_cores=g > 1)
+                         report_as={f"group0{p}": "group0" for p, _ in parts[1:]}, mean_field_cores=g > MEAN_FIELD_MIN_GROUPS)
