@@ -13,7 +13,7 @@ arrived), as the runtime does: without the queues the schedule let two pulls sha
 its round time swung ±15% with a tenth of a millisecond of latency (resnet_cifar, 4 groups, 100 Mbit/s).
 
 On shared cores (the emulated cluster) three or more groups that share no clock are simulated
-with the mean field (``StepGraph.mean_field_cores``, g > ``MEAN_FIELD_MIN_GROUPS``): each
+with the mean field (``StepGraph.mean_field_cores``, g ≥ ``MEAN_FIELD_GROUPS``): each
 compute thread meets the other groups' compute at their average busy share, not in the lineup the
 event-driven schedule settles into, in which they overlapped a third less than in a run
 (alexnet_cifar, 4 groups at 1 Gbit/s: 337 ms a round predicted, 408-420 measured; with the mean
@@ -47,8 +47,8 @@ from layerplan.strategies.base import (Strategy, bwd_s, fwd_s, param_bytes, requ
 
 ROUNDS = 8  # unrolled rounds (each group one iteration per round); the second half is measured
 
-MEAN_FIELD_MIN_GROUPS = 2
-"""More groups than this are simulated with the mean field on shared cores (module docstring).
+MEAN_FIELD_GROUPS = 3
+"""This many groups or more are simulated with the mean field on shared cores (module docstring).
 Four full validations repredicted (vf55, vf57-vf59: 16 two-group configurations each), the mean
 field for two groups too put them 0.3-15.3% slow against their scenario's median error (mean of
 four runs; +15.3 and +14.0 for alexnet_cifar and vgg16_cifar at 2 workers and 10 Gbit/s), the
@@ -240,4 +240,4 @@ class Groups(Strategy):
         split = len(parts) > 1
         roles = self.roles(config) | ({f"group0{p}": c for (p, _), c in zip(parts, counts)} if split else {})
         return StepGraph(groups=roles, build=build, iterations=ROUNDS, samples_per_step=g * k * batch,
-                         report_as={f"group0{p}": "group0" for p, _ in parts[1:]}, mean_field_cores=g > MEAN_FIELD_MIN_GROUPS)
+                         report_as={f"group0{p}": "group0" for p, _ in parts[1:]}, mean_field_cores=g >= MEAN_FIELD_GROUPS)
