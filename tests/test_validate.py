@@ -397,6 +397,25 @@ def test_contenders_are_the_scenarios_fastest_within_decide_within():
     assert validate.gap(rows, ("m", 4, "1Gbit")) == float("inf")  # no rows of that scenario
 
 
+def test_contenders_check_the_predicted_best_against_its_closest_rival():
+    """The predicted best and the fastest other row run again where they measured within
+    DECIDE_CHECK_WITHIN of each other — a miss and a match alike — besides the rows within
+    DECIDE_WITHIN of the fastest."""
+    def r(label, step, predicted):
+        return {"label": label, "strategy": label, "measured_step_s": step, "predicted_throughput": 32 / predicted}
+
+    c = validate.DECIDE_CHECK_WITHIN
+    miss = [r("ps", 0.30, 0.29), r("stanza", 0.2 * (1 + 0.8 * c), 0.19), r("allreduce", 0.2, 0.2)]
+    assert [x["label"] for x in validate.contenders(miss)] == ["allreduce", "stanza"]
+    match = [r("ps", 0.30, 0.29), r("stanza", 0.2 * (1 + 0.8 * c), 0.21), r("allreduce", 0.2, 0.2)]
+    assert [x["label"] for x in validate.contenders(match)] == ["allreduce", "stanza"]  # the runner-up
+    far = [r("stanza", 0.2 * (1 + 1.2 * c), 0.19), r("allreduce", 0.2, 0.2)]
+    assert validate.contenders(far) == []  # apart by more than a run's noise: decided
+    w = validate.DECIDE_WITHIN  # with the fastest's close rows: all of them, fastest first
+    both = [r("hybrid", 0.2 * (1 + 0.5 * w), 0.22), r("stanza", 0.2 * (1 + 0.8 * c), 0.19), r("allreduce", 0.2, 0.2)]
+    assert [x["label"] for x in validate.contenders(both)] == ["allreduce", "hybrid", "stanza"]
+
+
 def fake_matrix_loop(monkeypatch, steps: dict, order: list | None = None) -> None:
     """validate's matrix loop without a cluster: each run of a strategy measures the next of
     ``steps[strategy]`` (appended to ``order``), the emulated cluster a stand-in."""
@@ -449,6 +468,22 @@ def test_validate_decides_a_close_scenario_by_running_its_fastest_again_interlea
     b = doc["summary"]["scenarios"][0]
     # measured once, allreduce (the predicted best) led; run three times each, stanza does
     assert b["measured_best"] == "stanza" and not b["match"] and sorted(b["decided"]) == ["allreduce", "stanza"]
+    assert doc["summary"]["best_decided"] == 1
+
+
+def test_deciding_time_a_rate_leaves_goes_to_the_next(tmp_path, monkeypatch):
+    """At 100 Mbit/s nothing is close (its deciding time unused); at 1 Gbit/s the two contenders'
+    round (2 runs of 7 s) needs more than one rate's 10 s, and gets it from the rate before."""
+    steps = {"allreduce": [0.5, 0.200, 0.204], "stanza": [0.2, 0.201, 0.199]}
+    order = []
+    fake_matrix_loop(monkeypatch, steps, order)
+    monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
+        "predicted_step_s": 0.2, "error": 0.0, "preset_error": 0.0,
+        "predicted_throughput": {"allreduce": 160.0, "stanza": 150.0}[row["strategy"]]})
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("100Mbit", "1Gbit"),
+                        strategies=("allreduce", "stanza"), target_s=20.0, max_steps=30, decide_s=10.0)
+    doc = validate.validate(m, tmp_path, None)
+    assert order == ["allreduce", "stanza", "allreduce", "stanza", "stanza", "allreduce"]  # one round: 20 s
     assert doc["summary"]["best_decided"] == 1
 
 
