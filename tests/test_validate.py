@@ -423,7 +423,7 @@ def fake_matrix_loop(monkeypatch, steps: dict, order: list | None = None) -> Non
 
     from layerplan.runtime import emulate
 
-    def fake_run(case, emu, calibrated, matrix, run_dir):
+    def fake_run(case, emu, calibrated, matrix, run_dir, predicted_step_s=None):
         if order is not None:
             order.append(case.strategy)
         step = steps[case.strategy].pop(0)
@@ -437,6 +437,7 @@ def fake_matrix_loop(monkeypatch, steps: dict, order: list | None = None) -> Non
         emulate.Emulated(name=name, hosts=hosts, rate_bytes_per_s=1.25e8, subnet=0)))
     monkeypatch.setattr(validate, "run_case", fake_run)
     monkeypatch.setattr(validate, "too_slow", lambda *a: None)
+    monkeypatch.setattr(validate, "sizing_step_s", lambda *a: 0.2)
 
 
 def test_validate_decides_a_close_scenario_by_running_its_fastest_again_interleaved(tmp_path, monkeypatch):
@@ -485,6 +486,32 @@ def test_deciding_time_a_rate_leaves_goes_to_the_next(tmp_path, monkeypatch):
     doc = validate.validate(m, tmp_path, None)
     assert order == ["allreduce", "stanza", "allreduce", "stanza", "stanza", "allreduce"]  # one round: 20 s
     assert doc["summary"]["best_decided"] == 1
+
+
+def test_deciding_runs_give_way_to_the_budget():
+    """Under a budget, a rate's deciding runs get what is left before the deadline once the later
+    rates are done at the pace the rows went so far — never faster than planned."""
+    assert validate.decide_allowance_s(300.0, 100.0, 100.0, [100.0], 60.0) == pytest.approx(140.0)  # on plan
+    assert validate.decide_allowance_s(300.0, 80.0, 100.0, [100.0], 60.0) == pytest.approx(140.0)  # ahead: as planned
+    assert validate.decide_allowance_s(300.0, 125.0, 100.0, [100.0], 60.0) == pytest.approx(115.0)  # 25% behind
+    assert validate.decide_allowance_s(300.0, 125.0, 100.0, [], 60.0) == pytest.approx(300.0)  # the last rate
+    assert validate.decide_allowance_s(100.0, 200.0, 100.0, [100.0], 60.0) == 0.0  # out of time
+
+
+def test_past_its_deadline_validate_runs_nothing_again_to_decide(tmp_path, monkeypatch):
+    """The same close scenario as above, its budget spent: measured once each, none decided."""
+    import time
+
+    steps = {"allreduce": [0.200], "stanza": [0.201]}
+    order = []
+    fake_matrix_loop(monkeypatch, steps, order)
+    monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
+        "predicted_step_s": 0.2, "error": 0.0, "preset_error": 0.0,
+        "predicted_throughput": {"allreduce": 160.0, "stanza": 150.0}[row["strategy"]]})
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "stanza"),
+                        target_s=20.0, max_steps=30, decide_s=60.0)
+    doc = validate.validate(m, tmp_path, None, deadline=time.monotonic())
+    assert order == ["allreduce", "stanza"] and not doc["summary"]["best_decided"]
 
 
 def test_a_row_run_while_the_cores_were_disturbed_runs_again_and_the_steadier_run_is_kept(tmp_path, monkeypatch):

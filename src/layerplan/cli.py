@@ -397,7 +397,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.budget is not None:
         if not math.isfinite(args.budget) or args.budget < 0:
             raise ConfigError(f"--budget takes minutes, at least 0 (0: no budget), got {args.budget:g}")
-        matrix = validate.replace(matrix, budget_s=args.budget * 60.0 or None)
+        matrix = validate.replace(matrix, budget_s=args.budget * 60.0 or None, limit_s=None)  # the budget is the limit
     if args.models:
         matrix = validate.replace(matrix, models=tuple(args.models.split(",")))
     if args.strategies:

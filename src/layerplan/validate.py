@@ -56,13 +56,16 @@ class Matrix:
     would overrun what the calibration left of it, each row measures fewer seconds of steps
     (``fit_target_s``, down to MIN_TARGET_S) — on a slower machine the calibration and every step
     take longer, and the matrix still ends in time."""
+    limit_s: float | None = None
+    """The wall time the command must end within (``budget_s`` less its margin for the unforeseen):
+    the deciding runs give way to it where the rows run behind their estimate (``decide_allowance_s``)."""
 
 
 MATRICES = {
     # FC-heavy (alexnet_cifar) and conv-heavy (resnet_cifar), 2 workers, 100 Mbit/s and 1 Gbit/s.
     # At least 2 steps, as --full (alexnet_cifar's DDP at 100 Mbit/s: 10 s a step on a slower machine).
     "quick": Matrix(models=("alexnet_cifar", "resnet_cifar"), workers=(2,), rates=("100Mbit", "1Gbit"), target_s=8.0,
-                    min_steps=2, max_steps=40, decide_s=25.0, budget_s=570.0),
+                    min_steps=2, max_steps=40, decide_s=25.0, budget_s=570.0, limit_s=600.0),
     # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, 10 Gbit/s, hybrid (all three nets
     # have an FC phase it can partition) and Omnivore's groups with g = 1, 2, 4 (of 2 and 4 conv machines).
     # Configurations predicted over 20 s a step are left out (at 100 Mbit/s: vgg16_cifar and
@@ -77,7 +80,8 @@ MATRICES = {
     # the budget (``fit_target_s``) taking the 75 s from the rows' seconds of steps.
     "full": Matrix(models=("vgg16_cifar", "alexnet_cifar", "resnet_cifar"), workers=(2, 4),
                    rates=("100Mbit", "1Gbit", "10Gbit"), strategies=(*RUNTIME_STRATEGIES, "groups"), groups=(1, 2, 4),
-                   max_step_s=20.0, target_s=8.5, min_steps=2, max_steps=30, decide_s=60.0, budget_s=2580.0),
+                   max_step_s=20.0, target_s=8.5, min_steps=2, max_steps=30, decide_s=60.0, budget_s=2580.0,
+                   limit_s=2700.0),
 }
 
 
@@ -236,6 +240,19 @@ def gap(rows: list[dict], scenario: tuple) -> float:
     return steps[1] / steps[0] - 1.0 if len(steps) > 1 and steps[0] > 0 else math.inf
 
 
+def decide_allowance_s(to_deadline_s: float, spent_s: float, planned_s: float, later_s: list[float],
+                       decide_s: float) -> float:
+    """Seconds of deciding runs a rate may take under a budget: what is left before the deadline
+    once the later rates are done — each its planned wall time (rows and RATE_OVERHEAD_S) at the
+    pace the rows went so far (``spent_s`` of rows against the ``planned_s`` of them; never
+    faster than planned) and its own ``decide_s``. A full run on a slow stretch of the machine
+    (its rows and rates 25% over their estimate, seven rows run again as disturbed) took 49.9 min
+    of its 45 with every rate's deciding runs in full. ``validate`` counts to ``Matrix.limit_s``
+    (the budget, 43 min in --full, is what the rows are fitted to)."""
+    pace = max(1.0, spent_s / planned_s) if planned_s > 0 else 1.0
+    return max(0.0, to_deadline_s - sum(pace * s + decide_s for s in later_s))
+
+
 def run_wall_s(row: dict) -> float:
     """The wall time one run of a row took (its runs' mean)."""
     return row["wall_s"] / max(1, len(row.get("measured_runs_s") or [None]))
@@ -260,9 +277,9 @@ RATE_OVERHEAD_S = 60.0
 """Seconds a rate costs besides its rows: bringing the emulated cluster up and down, and timing its
 link (messages, the duplex all-reduce, the flows' lead: ``measure_link``, ``measure_duplex``,
 ``measure_flow_lead``). validate.json's ``rate_wall_s`` less its rows' ``wall_s`` is what it took."""
-ROW_OVERHEAD_S = 1.0
-"""Seconds a configuration costs besides its runs: the speed probes before it, its predictions and
-the JSON written after it."""
+ROW_OVERHEAD_S = 2.0
+"""Seconds a configuration costs besides its runs: the speed probes around it (three, 0.55-0.61 s
+each), its predictions (7 s for 126 rows) and the JSON written after it."""
 
 
 def row_estimate_s(matrix: Matrix, predicted_step_s: float, warmup_steps: int) -> float:
@@ -294,7 +311,6 @@ def estimate(matrix: Matrix, calibrated: hardware.ClusterSpec | None = None, don
     from layerplan.runtime import emulate
     from layerplan.runtime.layout import world_size
     from layerplan.runtime.model import check, resolve
-    from layerplan.runtime.predict import predict_run
     from layerplan.runtime.run_spec import RunSpec
 
     finished = {key(c) for c in done}
@@ -311,10 +327,10 @@ def estimate(matrix: Matrix, calibrated: hardware.ClusterSpec | None = None, don
             continue
         emu = emulate.Emulated(name=EMULATION_NAME, hosts=world_size(spec),
                                rate_bytes_per_s=units.parse_bandwidth(c.rate), subnet=0)
-        row["skip"] = too_slow(c, emu, calibrated, matrix)
+        step = sizing_step_s(c, emu, calibrated, matrix)
+        row["skip"] = too_slow(c, emu, calibrated, matrix, step)
         if row["skip"]:
             continue
-        step = predict_run(spec, calibrated_for(emu, calibrated) if calibrated else emu.cluster_spec())["step_time_s"]
         row["predicted_step_s"] = step
         row["steps"] = measured_steps(matrix, step)
         if key(c) in finished:
@@ -334,18 +350,19 @@ def key(case_or_row) -> tuple:
 
 
 def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix,
-             run_dir: Path) -> dict[str, Any]:
+             run_dir: Path, predicted_step_s: float | None = None) -> dict[str, Any]:
+    """Run ``case`` on ``emu`` for about ``matrix.target_s`` of steps after warm-up; the predicted
+    step that sizes it is ``predicted_step_s`` where the caller has it, else ``sizing_step_s``."""
     from layerplan.runtime.launch import launch_emulated
-    from layerplan.runtime.predict import predict_run
     from layerplan.runtime.run_spec import RunSpec
 
     spec = RunSpec(model=case.model, strategy=case.strategy, config=case.config, batch_size=matrix.batch_size,
                    steps=matrix.max_steps, progress=False, timeout_s=60.0)
-    cluster = calibrated_for(emu, calibrated) if calibrated else emu.cluster_spec()
-    pred = predict_run(spec, cluster)
-    steps = measured_steps(matrix, pred["step_time_s"])
+    if predicted_step_s is None:
+        predicted_step_s = sizing_step_s(case, emu, calibrated, matrix)
+    steps = measured_steps(matrix, predicted_step_s)
     spec = spec.replace(steps=steps + spec.warmup_steps,
-                        timeout_s=max(60.0, 10 * pred["step_time_s"]))
+                        timeout_s=max(60.0, 10 * predicted_step_s))
     t0 = time.perf_counter()
     m = launch_emulated(spec, emu.name, run_dir=run_dir, quiet=True, start="fork")
     wall = time.perf_counter() - t0
@@ -389,6 +406,23 @@ def merge_runs(first: dict, again: dict) -> dict:
     return {**first, **cpu, "measured_runs_s": runs, "measured_step_s": step,
             "measured_throughput": first["global_batch"] / step if step > 0 else 0.0,
             "steps_measured": first["steps_measured"] + again["steps_measured"], "wall_s": first["wall_s"] + again["wall_s"]}
+
+
+def rescored(row: dict) -> dict:
+    """A row whose measured step changed (runs again: ``merge_runs``) against the prediction it has:
+    its errors and efficiency against the new step. The prediction depends on the configuration and
+    its rate's link measurements, the same for every run of it (``prediction``)."""
+    meas = row["measured_step_s"]
+
+    def err(pred: float | None) -> float | None:
+        return (pred - meas) / meas if pred is not None and meas > 0 else None
+
+    out = {**row, "error": err(row["predicted_step_s"])}
+    if "preset_predicted_step_s" in row:
+        out["preset_error"] = err(row["preset_predicted_step_s"])
+    if "lower_bound_s" in row:
+        out["efficiency"] = row["lower_bound_s"] / meas if meas > 0 else None
+    return out
 
 
 def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[str, Any]:
@@ -460,13 +494,21 @@ def repredict(doc: dict, calibrated: hardware.ClusterSpec | None) -> dict:
             **{k: v for k, v in doc.items() if k.startswith(("speed_", "load_"))}}
 
 
-def too_slow(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix) -> str | None:
-    """Why ``case`` is left out (its predicted step exceeds ``matrix.max_step_s``), or None."""
+def sizing_step_s(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix) -> float:
+    """The predicted step that sizes ``case``'s run and decides whether it runs (``too_slow``):
+    with the calibration as it is for ``emu`` (``prediction`` adds the rate's link measurements)."""
     from layerplan.runtime.predict import predict_run
     from layerplan.runtime.run_spec import RunSpec
 
     spec = RunSpec(model=case.model, strategy=case.strategy, config=case.config, batch_size=matrix.batch_size)
-    step = predict_run(spec, calibrated_for(emu, calibrated) if calibrated else emu.cluster_spec())["step_time_s"]
+    return predict_run(spec, calibrated_for(emu, calibrated) if calibrated else emu.cluster_spec())["step_time_s"]
+
+
+def too_slow(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix,
+             step: float | None = None) -> str | None:
+    """Why ``case`` is left out (its predicted step, ``step`` or ``sizing_step_s``, exceeds
+    ``matrix.max_step_s``), or None."""
+    step = sizing_step_s(case, emu, calibrated, matrix) if step is None else step
     if step <= matrix.max_step_s:
         return None
     return (f"predicted {step:.0f} s per step, over the matrix's {matrix.max_step_s:.0f} s: "
@@ -744,6 +786,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             load_reference = speed_probe(threads=2)
     meta = {"speed_reference_flops_per_s": speed_reference, "load_reference_flops_per_s": load_reference} if track else {}
     rerun_left_s = math.inf  # for disturbed rows' second runs (RERUN_SHARE of a budget)
+    planned_s: dict[str, float] = {}  # per rate, under a budget: its rows' estimated wall time and RATE_OVERHEAD_S
     if deadline is not None:  # fit the rows into what is left of the budget (Matrix.budget_s)
         pending = [r for r in estimate(matrix, calibrated) if r["predicted_step_s"] and not r["skip"]
                    and (r["model"], r["label"], r["workers"], r["rate"]) not in finished]
@@ -758,7 +801,11 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 progress(f"each configuration for {fitted:g} s of steps (not {matrix.target_s:g}), to end "
                          f"within the budget of {matrix.budget_s / 60:.1f} min")
             matrix = replace(matrix, target_s=fitted)
+        for r in pending:
+            planned_s[r["rate"]] = planned_s.get(r["rate"], RATE_OVERHEAD_S) + row_estimate_s(
+                matrix, r["predicted_step_s"], 2 if r["config"].get("groups") else 1)
     left_s = 0.0  # seconds of deciding runs the rates before did not use
+    t_rows, deciding_s, planned_done_s = time.monotonic(), 0.0, 0.0
     for rate in matrix.rates:
         batch = [c for c in todo if c.rate == rate]
         if not batch:
@@ -769,7 +816,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             duplex = emulate.measure_duplex(emu, seconds=DUPLEX_S, repeats=DUPLEX_REPEATS) if track else None
             lead = emulate.measure_flow_lead(emu) if track and emu.hosts >= 3 else None
             for c in batch:
-                slow = too_slow(c, emu, calibrated, matrix)
+                sized = sizing_step_s(c, emu, calibrated, matrix)
+                slow = too_slow(c, emu, calibrated, matrix, sized)
                 if slow:
                     skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate,
                                     "reason": slow})
@@ -783,7 +831,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                         """One run between speed probes: one thread's before, both cores' before and after."""
                         probe = speed_probe(ROW_PROBE_WINDOW_S) if track else None
                         load = speed_probe(ROW_PROBE_WINDOW_S, threads=2) if track else None
-                        row = run_case(c, emu, calibrated, matrix, out_dir / "runs")
+                        row = run_case(c, emu, calibrated, matrix, out_dir / "runs", sized)
                         if track:
                             after = speed_probe(ROW_PROBE_WINDOW_S, threads=2)
                             row.update(speed=probe / speed_reference, probe_flops_per_s=probe,
@@ -814,8 +862,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 i = next(i for i, r in enumerate(rows) if key(r) == key(c))
                 if progress:
                     progress(f"{c.model} {c.label} {c.workers}w {rate} ({why})")
-                try:
-                    more = run_case(c, emu, calibrated, matrix, out_dir / "runs")
+                try:  # sized by its row's prediction (``sizing_step_s`` less the link's measurements)
+                    more = run_case(c, emu, calibrated, matrix, out_dir / "runs", rows[i]["predicted_step_s"])
                 except RunError as e:  # the runs before stand
                     skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate,
                                     "reason": f"a run again failed (the runs before are kept): {e}"})
@@ -823,7 +871,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 merged = merge_runs(rows[i], more)
                 if why == "deciding":
                     merged["decider_runs"] = rows[i].get("decider_runs", 0) + 1
-                rows[i] = {**merged, **prediction(merged, emu, calibrated)}
+                rows[i] = rescored(merged)
                 write(out_dir, rows, skipped, calibrated, meta, plots=False)
 
             # the short configurations once more, the last first (REPEAT_BELOW_S)
@@ -839,6 +887,14 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             # what the rates before left of theirs)
             by_key = {key(c): c for c in batch}
             left_s += matrix.decide_s
+            if deadline is not None:  # behind the plan (a slow stretch of the machine): what the budget still allows
+                planned_done_s += planned_s.get(rate, 0.0)
+                later = [planned_s[r] for r in matrix.rates[matrix.rates.index(rate) + 1:] if r in planned_s]
+                now = time.monotonic()
+                limit = deadline + max(0.0, (matrix.limit_s or 0.0) - (matrix.budget_s or 0.0))
+                left_s = min(left_s, decide_allowance_s(limit - now, now - t_rows - deciding_s, planned_done_s,
+                                                        later, matrix.decide_s))
+            t_decide = time.monotonic()
             for round_ in range(DECIDE_ROUNDS):
                 for scenario in sorted(dict.fromkeys(c.scenario for c in batch), key=lambda sc: gap(rows, sc)):
                     close = contenders([r for r in rows if (r["model"], r["workers"], r["rate"]) == scenario])
@@ -848,6 +904,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     left_s -= cost_s
                     for r in (close[::-1] if round_ % 2 == 0 else close):
                         again(by_key[key(r)], "deciding")
+            deciding_s += time.monotonic() - t_decide
         # the rate's wall time, its cluster, link timing and rows ("wall_s" of its rows: their runs)
         meta.setdefault("rate_wall_s", {})[rate] = time.monotonic() - t_rate
         if rate != matrix.rates[-1]:  # the plots too, after each rate (after the last: the write below)
