@@ -478,9 +478,10 @@ def test_deciding_time_a_rate_leaves_goes_to_the_next(tmp_path, monkeypatch):
     steps = {"allreduce": [0.5, 0.200, 0.204], "stanza": [0.2, 0.201, 0.199]}
     order = []
     fake_matrix_loop(monkeypatch, steps, order)
+    pt = {"allreduce": 160.0, "stanza": 150.0}  # predicted: allreduce
     monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
-        "predicted_step_s": 0.2, "error": 0.0, "preset_error": 0.0,
-        "predicted_throughput": {"allreduce": 160.0, "stanza": 150.0}[row["strategy"]]})
+        "predicted_step_s": 32 / pt[row["strategy"]], "error": 0.0, "preset_error": 0.0,
+        "predicted_throughput": pt[row["strategy"]]})
     m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("100Mbit", "1Gbit"),
                         strategies=("allreduce", "stanza"), target_s=20.0, max_steps=30, decide_s=10.0)
     doc = validate.validate(m, tmp_path, None)
@@ -505,9 +506,10 @@ def test_past_its_deadline_validate_runs_nothing_again_to_decide(tmp_path, monke
     steps = {"allreduce": [0.200], "stanza": [0.201]}
     order = []
     fake_matrix_loop(monkeypatch, steps, order)
+    pt = {"allreduce": 160.0, "stanza": 150.0}  # predicted: allreduce
     monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
-        "predicted_step_s": 0.2, "error": 0.0, "preset_error": 0.0,
-        "predicted_throughput": {"allreduce": 160.0, "stanza": 150.0}[row["strategy"]]})
+        "predicted_step_s": 32 / pt[row["strategy"]], "error": 0.0, "preset_error": 0.0,
+        "predicted_throughput": pt[row["strategy"]]})
     m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "stanza"),
                         target_s=20.0, max_steps=30, decide_s=60.0)
     doc = validate.validate(m, tmp_path, None, deadline=time.monotonic())
