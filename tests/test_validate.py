@@ -472,16 +472,20 @@ def test_validate_decides_a_close_scenario_by_running_its_fastest_again_interlea
     assert doc["summary"]["best_decided"] == 1
 
 
+def predicting(monkeypatch, throughput: dict) -> None:
+    """``validate.prediction`` faked: each strategy's predicted throughput (samples/s of 32 a step)."""
+    monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
+        "predicted_step_s": 32 / throughput[row["strategy"]], "error": 0.0, "preset_error": 0.0,
+        "predicted_throughput": throughput[row["strategy"]]})
+
+
 def test_deciding_time_a_rate_leaves_goes_to_the_next(tmp_path, monkeypatch):
     """At 100 Mbit/s nothing is close (its deciding time unused); at 1 Gbit/s the two contenders'
     round (2 runs of 7 s) needs more than one rate's 10 s, and gets it from the rate before."""
     steps = {"allreduce": [0.5, 0.200, 0.204], "stanza": [0.2, 0.201, 0.199]}
     order = []
     fake_matrix_loop(monkeypatch, steps, order)
-    pt = {"allreduce": 160.0, "stanza": 150.0}  # predicted: allreduce
-    monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
-        "predicted_step_s": 32 / pt[row["strategy"]], "error": 0.0, "preset_error": 0.0,
-        "predicted_throughput": pt[row["strategy"]]})
+    predicting(monkeypatch, {"allreduce": 160.0, "stanza": 150.0})  # predicted: allreduce
     m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("100Mbit", "1Gbit"),
                         strategies=("allreduce", "stanza"), target_s=20.0, max_steps=30, decide_s=10.0)
     doc = validate.validate(m, tmp_path, None)
@@ -506,10 +510,7 @@ def test_past_its_deadline_validate_runs_nothing_again_to_decide(tmp_path, monke
     steps = {"allreduce": [0.200], "stanza": [0.201]}
     order = []
     fake_matrix_loop(monkeypatch, steps, order)
-    pt = {"allreduce": 160.0, "stanza": 150.0}  # predicted: allreduce
-    monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
-        "predicted_step_s": 32 / pt[row["strategy"]], "error": 0.0, "preset_error": 0.0,
-        "predicted_throughput": pt[row["strategy"]]})
+    predicting(monkeypatch, {"allreduce": 160.0, "stanza": 150.0})  # predicted: allreduce
     m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "stanza"),
                         target_s=20.0, max_steps=30, decide_s=60.0)
     doc = validate.validate(m, tmp_path, None, deadline=time.monotonic())
