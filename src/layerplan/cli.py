@@ -549,8 +549,8 @@ def _validate_dry_run(rows: list[dict], as_json: bool, matrix) -> int:
     con = report.console()
     con.print(t)
     con.print(f"{sum(1 for r in rows if not r['skip'])} configurations to run, about {total_s / 60:.0f} min "
-              f"(+ about a minute per rate to build the cluster, up to {matrix.decide_s:.0f} s per rate to run close "
-              "scenarios' fastest again and, unless --calibration, a few minutes to calibrate)")
+              f"(+ about a minute per rate to build the cluster, up to {matrix.decide_s:.0f} s per rate — what one "
+              "leaves goes to the next — to run close scenarios' contenders again and, unless --calibration, a few minutes to calibrate)")
     return 0
 
 

@@ -408,21 +408,23 @@ def merge_runs(first: dict, again: dict) -> dict:
             "steps_measured": first["steps_measured"] + again["steps_measured"], "wall_s": first["wall_s"] + again["wall_s"]}
 
 
-def rescored(row: dict) -> dict:
-    """A row whose measured step changed (runs again: ``merge_runs``) against the prediction it has:
-    its errors and efficiency against the new step. The prediction depends on the configuration and
-    its rate's link measurements, the same for every run of it (``prediction``)."""
-    meas = row["measured_step_s"]
-
-    def err(pred: float | None) -> float | None:
-        return (pred - meas) / meas if pred is not None and meas > 0 else None
-
-    out = {**row, "error": err(row["predicted_step_s"])}
-    if "preset_predicted_step_s" in row:
-        out["preset_error"] = err(row["preset_predicted_step_s"])
-    if "lower_bound_s" in row:
-        out["efficiency"] = row["lower_bound_s"] / meas if meas > 0 else None
+def scored(pred: dict, meas: float) -> dict[str, Any]:
+    """A prediction's errors against the measured step ``meas`` (calibrated and presets) and the
+    efficiency against its lower bound, each where ``pred`` has its figure."""
+    out: dict[str, Any] = {}
+    for name, field in (("error", "predicted_step_s"), ("preset_error", "preset_predicted_step_s")):
+        if pred.get(field) is not None:
+            out[name] = (pred[field] - meas) / meas if meas > 0 else None
+    if "lower_bound_s" in pred:
+        out["efficiency"] = pred["lower_bound_s"] / meas if meas > 0 else None
     return out
+
+
+def rescored(row: dict) -> dict:
+    """A row whose measured step changed (runs again: ``merge_runs``) against the prediction it has.
+    The prediction depends on the configuration and its rate's link measurements, the same for
+    every run of it (``prediction``)."""
+    return {**row, **scored(row, row["measured_step_s"])}
 
 
 def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[str, Any]:
@@ -457,12 +459,11 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     preset = predict_run(spec, preset_cluster) if calibrated else pred
     meas = row["measured_step_s"]
     bound, comp, comm = lower_bound_s(pred, emu.rate_bytes_per_s)
-    return {
-        "config": pred["config"], "predicted_step_s": pred["step_time_s"], "error": (pred["step_time_s"] - meas) / meas,
-        "preset_predicted_step_s": preset["step_time_s"], "preset_error": (preset["step_time_s"] - meas) / meas,
+    out = {
+        "config": pred["config"], "predicted_step_s": pred["step_time_s"],
+        "preset_predicted_step_s": preset["step_time_s"],
         "predicted_throughput": pred["throughput_samples_per_s"],
         "lower_bound_s": bound, "lower_bound_compute_s": comp, "lower_bound_comm_s": comm,
-        "efficiency": bound / meas if meas else None,
         "predicted_bytes_per_step": pred["bytes_per_step"]["total"], "bottleneck": pred["bottleneck"],
         "link_efficiency": cluster.nic.efficiency, "link_duplex_efficiency": cluster.nic.duplex_efficiency,
         "link_flow_lead_bytes": cluster.nic.flow_lead_bytes,
@@ -470,6 +471,7 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         "predicted_cpu_cores": pred["utilization"]["shared cores"] * cluster.shared_cores
         if cluster.shared_cores and "shared cores" in pred["utilization"] else None,
     }
+    return {**out, **scored(out, meas)}
 
 
 def repredict(doc: dict, calibrated: hardware.ClusterSpec | None) -> dict:
@@ -806,6 +808,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 matrix, r["predicted_step_s"], 2 if r["config"].get("groups") else 1)
     left_s = 0.0  # seconds of deciding runs the rates before did not use
     t_rows, deciding_s, planned_done_s = time.monotonic(), 0.0, 0.0
+    # the deciding runs count to the command's limit (the rows were fitted to the budget, less)
+    limit = None if deadline is None else deadline + max(0.0, (matrix.limit_s or 0.0) - (matrix.budget_s or 0.0))
     for rate in matrix.rates:
         batch = [c for c in todo if c.rate == rate]
         if not batch:
@@ -887,11 +891,10 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             # what the rates before left of theirs)
             by_key = {key(c): c for c in batch}
             left_s += matrix.decide_s
-            if deadline is not None:  # behind the plan (a slow stretch of the machine): what the budget still allows
+            if limit is not None:  # behind the plan (a slow stretch of the machine): what the limit still allows
                 planned_done_s += planned_s.get(rate, 0.0)
                 later = [planned_s[r] for r in matrix.rates[matrix.rates.index(rate) + 1:] if r in planned_s]
                 now = time.monotonic()
-                limit = deadline + max(0.0, (matrix.limit_s or 0.0) - (matrix.budget_s or 0.0))
                 left_s = min(left_s, decide_allowance_s(limit - now, now - t_rows - deciding_s, planned_done_s,
                                                         later, matrix.decide_s))
             t_decide = time.monotonic()
