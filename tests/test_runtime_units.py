@@ -222,6 +222,32 @@ def test_groups_step_time_is_the_round_time_of_their_throughput():
     assert m["step_times_s"][2] == pytest.approx((1 + 3 + 3 + 3 + 5 + 5) / 6)  # the per-step record: every rank's mean
 
 
+def test_groups_round_time_leaves_out_the_tail_after_the_first_group_finished():
+    """Every group runs the same number of iterations out of phase: once the first group is done, the
+    others' last iterations share the cores with fewer groups and run fast. A group's steps that
+    ended after the first group's last are not steady state and are left out; without end times
+    (records of an older layerplan) every measured step counts."""
+    s = spec(strategy="groups", config={"machines": 2, "groups": 2}, batch_size=2)
+
+    def frag(rank, walls, start, ends=True):
+        out, t = [], start
+        for i, w in enumerate(walls):
+            t += w
+            out.append({"step": i, "wall_s": w, "compute_s": 0.0, "comm_s": w, "sent_bytes": 1, "recv_bytes": 1,
+                        "loss": None, **({"end_s": t} if ends else {})})
+        return {"rank": rank, "kind": "conv_machine", "checkpoint_bytes_sent": 0, "records": out}
+
+    # group 0's steps end at 101 102 105 108 111 (two warm-up steps, then 3 s each); group 1 runs a
+    # step behind, its steps end at 102 104 107 110 111.5: its last, 1.5 s with group 0 done, is left out
+    servers = [frag(2, [9] * 5, 100.0), frag(3, [9] * 5, 100.0)]
+    g0 = frag(0, [1, 1, 3, 3, 3], 100.0)
+    g1 = frag(1, [2, 2, 3, 3, 1.5], 100.0)
+    m = summarize([g0, g1, *servers], s, layout(s), 4, 4)
+    assert m["step_time_s"] == pytest.approx(3.0)  # both groups 3 s an iteration in the steady window
+    old = [frag(0, [1, 1, 3, 3, 3], 100.0, ends=False), frag(1, [2, 2, 3, 3, 1.5], 100.0, ends=False), *servers]
+    assert summarize(old, s, layout(s), 4, 4)["step_time_s"] == pytest.approx(2 / (1 / 3 + 1 / 2.5))
+
+
 def test_predict_merges_the_engines_groups_into_conv_machines():
     from layerplan.runtime.predict import predict_run
 

@@ -156,6 +156,21 @@ def test_estimate_lists_what_would_run_and_what_is_done(capsys, tmp_path):
     assert "nothing to resume" in capsys.readouterr().err
 
 
+def test_asynchronous_groups_run_one_round_more_than_they_measure():
+    """Two warm-up steps for groups, one for the rest; with g > 1 one more round, whose iterations
+    after the first group finished are not steady state (metrics._steady_steps)."""
+    assert validate.unmeasured_steps("stanza", {}) == 1
+    assert validate.unmeasured_steps("groups", {"machines": 4, "groups": 1}) == 2
+    assert validate.unmeasured_steps("groups", {"machines": 4, "groups": 4}) == 3
+    m = validate.replace(validate.MATRICES["quick"], models=("alexnet_cifar",), rates=("1Gbit",), workers=(4,),
+                         strategies=("groups",), groups=(1, 4))
+    est = {r["label"]: r for r in validate.estimate(m)}
+    for label, extra in (("groups(g=1)", 2), ("groups(g=4)", 3)):
+        r = est[label]
+        assert r["estimated_s"] == pytest.approx(validate.ROW_OVERHEAD_S + r["runs"] * (
+            validate.START_S + (r["steps"] + extra) * r["predicted_step_s"]))
+
+
 def test_groups_rows_compete_by_their_g():
     rows = [dict(row("a", "groups", 1.0, 1.0), label="groups(g=1)"), dict(row("a", "groups", 0.5, 0.6), label="groups(g=2)")]
     assert validate.summarize(rows)["scenarios"][0]["predicted_best"] == "groups(g=2)"

@@ -22,7 +22,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from layerplan import hardware, units
 from layerplan.errors import ConfigError
@@ -282,6 +282,15 @@ ROW_OVERHEAD_S = 2.0
 each), its predictions (7 s for 126 rows) and the JSON written after it."""
 
 
+def unmeasured_steps(strategy: str, config: Mapping[str, Any]) -> int:
+    """Steps a run takes besides ``measured_steps``: its warm-up (``RunSpec.warmup_steps``: 2 for
+    groups, else 1) and, where groups run asynchronously (g > 1), one more round: each group but
+    the first to finish loses its last iteration to the steady window (``metrics._steady_steps``)."""
+    if strategy != "groups":
+        return 1
+    return 2 + (1 if int(config.get("groups", 1)) > 1 else 0)
+
+
 def row_estimate_s(matrix: Matrix, predicted_step_s: float, warmup_steps: int) -> float:
     """The wall time one configuration is estimated to take: its runs (``repeats``), each a start
     and its warm-up and measured steps."""
@@ -316,8 +325,8 @@ def estimate(matrix: Matrix, calibrated: hardware.ClusterSpec | None = None, don
     finished = {key(c) for c in done}
     out = []
     for c in cases(matrix):
-        row = {"model": c.model, "label": c.label, "workers": c.workers, "rate": c.rate, "config": c.config,
-               "predicted_step_s": None, "steps": None, "estimated_s": 0.0, "skip": None}
+        row = {"model": c.model, "strategy": c.strategy, "label": c.label, "workers": c.workers, "rate": c.rate,
+               "config": c.config, "predicted_step_s": None, "steps": None, "estimated_s": 0.0, "skip": None}
         out.append(row)
         spec = RunSpec(model=c.model, strategy=c.strategy, config=c.config, batch_size=matrix.batch_size)
         try:
@@ -337,7 +346,7 @@ def estimate(matrix: Matrix, calibrated: hardware.ClusterSpec | None = None, don
             row["skip"] = "measured already (--resume)"
             continue
         row["runs"] = repeats(matrix, step)
-        row["estimated_s"] = row_estimate_s(matrix, step, spec.warmup_steps)
+        row["estimated_s"] = row_estimate_s(matrix, step, unmeasured_steps(c.strategy, c.config))
     return out
 
 
@@ -361,7 +370,7 @@ def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
     if predicted_step_s is None:
         predicted_step_s = sizing_step_s(case, emu, calibrated, matrix)
     steps = measured_steps(matrix, predicted_step_s)
-    spec = spec.replace(steps=steps + spec.warmup_steps,
+    spec = spec.replace(steps=steps + unmeasured_steps(case.strategy, case.config),
                         timeout_s=max(60.0, 10 * predicted_step_s))
     t0 = time.perf_counter()
     m = launch_emulated(spec, emu.name, run_dir=run_dir, quiet=True, start="fork")
@@ -794,7 +803,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                    and (r["model"], r["label"], r["workers"], r["rate"]) not in finished]
         rates = len({r["rate"] for r in pending})
         available_s = deadline - time.monotonic() - rates * (RATE_OVERHEAD_S + matrix.decide_s)
-        fitted = fit_target_s(matrix, [(r["predicted_step_s"], 2 if r["config"].get("groups") else 1)
+        fitted = fit_target_s(matrix, [(r["predicted_step_s"], unmeasured_steps(r["strategy"], r["config"]))
                                        for r in pending], available_s * (1 - RERUN_SHARE))
         rerun_left_s = available_s * RERUN_SHARE
         meta["target_s"] = fitted
@@ -805,7 +814,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             matrix = replace(matrix, target_s=fitted)
         for r in pending:
             planned_s[r["rate"]] = planned_s.get(r["rate"], RATE_OVERHEAD_S) + row_estimate_s(
-                matrix, r["predicted_step_s"], 2 if r["config"].get("groups") else 1)
+                matrix, r["predicted_step_s"], unmeasured_steps(r["strategy"], r["config"]))
     left_s = 0.0  # seconds of deciding runs the rates before did not use
     t_rows, deciding_s, planned_done_s = time.monotonic(), 0.0, 0.0
     # the deciding runs count to the command's limit (the rows were fitted to the budget, less)

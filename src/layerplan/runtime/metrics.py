@@ -3,7 +3,8 @@
 Per step and rank: wall time, compute time (forward, backward, optimizer, packing), communication
 time (time spent blocked in ``wait()`` or inside a collective), CPU time (the whole process's, all
 threads: gloo's, DDP's reducer, a server's waiters — ``time.process_time``), bytes sent and
-received, and the rank's part of the loss (the parts of one step sum to the global-batch mean loss).
+received, the rank's part of the loss (the parts of one step sum to the global-batch mean loss),
+and the wall-clock time the step ended (``end_s``, ``time.time()``: comparable across ranks).
 
 Bytes-counting rule (what the roles are *asked* to move, not TCP wire bytes):
 - point to point: ``numel · element_size`` of every tensor a rank sends / receives;
@@ -43,6 +44,7 @@ with the steps whose losses it computes files them with ``Meter.step_loss(step, 
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from contextlib import contextmanager
@@ -78,6 +80,7 @@ class Meter:
         assert self._cur is not None
         self._cur["wall_s"] = time.perf_counter() - self._t0
         self._cur["cpu_s"] = time.process_time() - self._cpu0
+        self._cur["end_s"] = time.time()  # wall clock: comparable across ranks and machines
         rec, self._cur = self._cur, None
         self.records.append(rec)
         return rec
@@ -141,12 +144,17 @@ def _median(xs: list[float]) -> float:
 
 def _group_round_s(fragments: list[dict[str, Any]], roles: dict, measured: set[int]) -> float | None:
     """Asynchronous compute groups (roles with a ``group``): the round time their throughput gives.
-    Group j's iteration time w_j is the mean over the measured steps of its machines' step walls
+    Group j's iteration time w_j is the mean over its steady steps of its machines' step walls
     (their mean: see the module docstring); the groups together process N·B samples in
     g / Σ_j 1/w_j seconds (the harmonic mean of the w_j; = w when they are equal). Every rank's
     steps are not one period here: the g groups run out of phase (the per-step maximum over every
     rank read +17% on vgg16_cifar with 4 groups), and a server's step serves whichever arrivals come
-    next. None when no rank belongs to a group."""
+    next. None when no rank belongs to a group.
+
+    A group's steady steps are its measured steps that ended by the time the first group finished
+    (``_steady_steps``): every group runs the same number of iterations, out of phase, so once the
+    first is done the others' last iterations share the cores and the servers with fewer groups and
+    run faster than the steady state the engine predicts."""
     members: dict[int, list[dict]] = {}
     for f in fragments:
         role = roles.get(f["rank"])
@@ -154,9 +162,10 @@ def _group_round_s(fragments: list[dict[str, Any]], roles: dict, measured: set[i
             members.setdefault(role.group, []).append(f)
     if not members:
         return None
+    steady = _steady_steps(members, measured)
     inverse = 0.0
-    for frags in members.values():
-        walls = [r["wall_s"] for f in frags for r in f["records"] if r["step"] in measured]
+    for j, frags in members.items():
+        walls = [r["wall_s"] for f in frags for r in f["records"] if r["step"] in steady[j]]
         if not walls:
             return None
         w = statistics.fmean(walls)
@@ -164,6 +173,31 @@ def _group_round_s(fragments: list[dict[str, Any]], roles: dict, measured: set[i
             return None
         inverse += 1.0 / w
     return len(members) / inverse
+
+
+def _steady_steps(members: dict[int, list[dict]], measured: set[int]) -> dict[int, set[int]]:
+    """Group → its measured steps that every one of its machines ended by the time the first group
+    ended its last measured step (records' ``end_s``); a group with none such (or records without
+    ``end_s``, from an older layerplan) keeps every measured step."""
+    ends: dict[int, dict[int, float]] = {}
+    complete = True
+    for j, frags in members.items():
+        by_step: dict[int, float] = {}
+        for f in frags:
+            for r in f["records"]:
+                if r["step"] in measured:
+                    complete = complete and "end_s" in r
+                    by_step[r["step"]] = max(by_step.get(r["step"], -math.inf), r.get("end_s", 0.0))
+        ends[j] = by_step
+    lasts = [max(e.values()) for e in ends.values() if e]
+    if not lasts or not complete:
+        return {j: set(e) for j, e in ends.items()}
+    first_done = min(lasts)
+    out = {}
+    for j, e in ends.items():
+        kept = {s for s, t in e.items() if t <= first_done}
+        out[j] = kept or set(e)
+    return out
 
 
 def cpu_cores(records: list[dict[str, Any]]) -> float:
