@@ -283,12 +283,13 @@ each), its predictions (7 s for 126 rows) and the JSON written after it."""
 
 
 def unmeasured_steps(strategy: str, config: Mapping[str, Any]) -> int:
-    """Steps a run takes besides ``measured_steps``: its warm-up (``RunSpec.warmup_steps``: 2 for
-    groups, else 1) and, where groups run asynchronously (g > 1), one more round: each group but
-    the first to finish loses its last iteration to the steady window (``metrics._steady_steps``)."""
-    if strategy != "groups":
-        return 1
-    return 2 + (1 if int(config.get("groups", 1)) > 1 else 0)
+    """Steps a run takes besides ``measured_steps``: its warm-up (``RunSpec.warmup_steps``) and,
+    where groups run asynchronously (g > 1), one more round: each group but the first to finish
+    loses its last iteration to the steady window (``metrics._steady_steps``)."""
+    from layerplan.runtime.run_spec import RunSpec
+
+    warmup = RunSpec(model="-", strategy=strategy, config=config).warmup_steps
+    return warmup + (1 if strategy == "groups" and int(config.get("groups", 1)) > 1 else 0)
 
 
 def row_estimate_s(matrix: Matrix, predicted_step_s: float, warmup_steps: int) -> float:
