@@ -19,7 +19,7 @@ from layerplan.runtime import checkpoint
 from layerplan.runtime.launch import RunError, launch_local
 from layerplan.runtime.layout import feature_slices, layout, ps_shards
 from layerplan.runtime.model import hybrid_phase, resolve, split_layer
-from layerplan.runtime.predict import predict_run
+from layerplan.runtime.predict import predict_run, timeline_marks
 from layerplan.runtime.reference import load_params, reference_run
 from layerplan.runtime.run_spec import RunSpec
 
@@ -142,6 +142,14 @@ def check_run(tmp_path, model, strategy, config, batch, **kw):
     for role, sent_b in m["bytes_per_step"]["per_role"].items():
         assert pred["bytes_per_step"]["per_role"][role] == pytest.approx(sent_b, rel=0.02), role
     assert pred["bytes_per_step"]["total"] == pytest.approx(m["bytes_per_step"]["total"], rel=0.02)
+    # Each point a role marks in its step ends a task of the schedule on the role's row, in the same order.
+    marks = {k: b["marks_s"] for k, b in m["breakdown"].items() if "marks_s" in b}
+    if strategy in ("allreduce", "stanza"):
+        assert marks and all(0 < t < m["step_time_s"] * 10 for v in marks.values() for t in v.values())
+    points = timeline_marks(pred, marks)
+    assert {k: list(v) for k, v in points.items()} == {k: list(v) for k, v in marks.items()}
+    for role, v in points.items():
+        assert sorted(v, key=v.get) == list(marks[role]), role
     return m
 
 

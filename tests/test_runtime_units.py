@@ -17,6 +17,7 @@ from layerplan.runtime.data import AugmentedDigitsSource, DigitsSource, Sharder,
 from layerplan.runtime.layout import (data_workers, feature_slices, global_batch, layout, nodes_represented, ps_shards,
                                      world_size)
 from layerplan.runtime.metrics import summarize
+from layerplan.runtime.predict import timeline_marks
 from layerplan.runtime.run_spec import RunSpec
 from layerplan.runtime.split import disable_dropout, split_module
 
@@ -421,6 +422,38 @@ def test_summarize_medians_roles_and_losses():
     json.dumps(m)
 
 
+def test_summarize_times_each_roles_marks_where_every_rank_reached_them():
+    s = spec(config={"conv_workers": 2, "fc_workers": 1}, strategy="stanza", warmup_steps=1)
+    roles = layout(s)
+
+    def frag(rank, kind, marks, wall_s=1.0):  # step i ends at 10·i + 1 s; marks: seconds after 10·i
+        return {"rank": rank, "kind": kind, "checkpoint_bytes_sent": 0, "records": [
+            {"step": i, "wall_s": wall_s, "compute_s": 0.5, "comm_s": 0.1, "cpu_s": 0.5, "sent_bytes": 1,
+             "recv_bytes": 1, "loss": None, "end_s": 10.0 * i + 1.0, "marks": {k: 10.0 * i + t for k, t in mk.items()}}
+            for i, mk in enumerate(marks)]}
+
+    conv0 = [{"conv_fwd": 9.0, "act_grads": 9.5}, {"conv_fwd": 0.2, "act_grads": 0.5}, {"conv_fwd": 0.4, "act_grads": 0.7},
+             {"conv_fwd": 0.3, "act_grads": 0.6}]  # the warm-up step's 9 s is left out: medians 0.3 and 0.6
+    conv1 = [{"conv_fwd": 9.0}, {"conv_fwd": 0.5}, {"conv_fwd": 0.5}, {"conv_fwd": 0.5}]  # never reached act_grads
+    # the FC worker began each step 0.5 s before the CONV workers (it waits for them): their start is the step's
+    fc = [{"activations": 0.3}] * 4
+    m = summarize([frag(0, "conv_worker", conv0), frag(1, "conv_worker", conv1),
+                   frag(2, "fc_worker", fc, wall_s=1.5)], s, roles, 3, 32)
+    assert m["breakdown"]["conv_worker"]["marks_s"] == {"conv_fwd": pytest.approx(0.4)}  # mean of 0.3 and 0.5
+    assert m["breakdown"]["fc_worker"]["marks_s"] == {"activations": pytest.approx(0.3)}
+    # without every rank's step end times there is no common start: no marks
+    plain = summarize([{**frag(0, "conv_worker", conv0), "records": [{k: v for k, v in r.items() if k != "end_s"}
+                                                                     for r in frag(0, "conv_worker", conv0)["records"]]},
+                       frag(1, "conv_worker", conv1), frag(2, "fc_worker", fc, wall_s=1.5)], s, roles, 3, 32)
+    assert all("marks_s" not in b for b in plain["breakdown"].values())
+    pred = {"timeline": [{"name": "conv_fwd", "group": "conv_worker", "start_s": 0.0, "end_s": 0.32, "tag": ""},
+                         {"name": "conv_fwd", "group": "conv_worker", "start_s": 0.0, "end_s": 0.35, "tag": ""},
+                         {"name": "conv_fwd", "group": "fc_worker", "start_s": 0.0, "end_s": 9.0, "tag": ""},
+                         {"name": "fc_update", "group": "fc_worker", "start_s": 0.5, "end_s": 0.6, "tag": ""}]}
+    assert timeline_marks(pred, {k: b["marks_s"] for k, b in m["breakdown"].items()}) == {
+        "conv_worker": {"conv_fwd": 0.35}}  # the fc_worker's row has no activations task
+
+
 def test_meter_counts_the_process_cpu_time_of_a_step():
     from layerplan.runtime.metrics import Meter
 
@@ -454,6 +487,11 @@ def test_attach_prediction_puts_both_side_by_side():
     out = attach_prediction({**m, "cpu_cores_busy": 1.2}, shared)
     assert out["comparison"]["cpu_cores_busy"]["predicted"] == 1.5  # 75% of the 2 cores
     assert out["comparison"]["cpu_cores_busy"]["rel_error"] == pytest.approx(0.25)
+    marked = {**m, "breakdown": {"worker": {"compute_s": 1.0, "comm_s": 0.5, "marks_s": {"fwd": 0.4, "unbucket": 1.5}}}}
+    timeline = [{"name": "fwd", "group": "worker", "start_s": 0.0, "end_s": 0.5, "tag": ""}]
+    out = attach_prediction(marked, {**p, "timeline": timeline})
+    assert out["comparison"]["marks.worker.fwd"]["rel_error"] == pytest.approx(0.25)
+    assert "marks.worker.unbucket" not in out["comparison"]  # the timeline has no such task
 
 
 # ---- checkpoint files ----------------------------------------------------------------------

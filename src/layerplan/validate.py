@@ -387,6 +387,9 @@ def run_case(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: M
     if "cpu_cores_busy" in m:  # how busy the run kept the shared cores (metrics.py: CPU time over wall time)
         row["measured_cpu_cores"] = m["cpu_cores_busy"]
         row["measured_cpu_cores_by_role"] = {k: b["cpu_cores"] for k, b in m["breakdown"].items()}
+    marks = {k: b["marks_s"] for k, b in m["breakdown"].items() if b.get("marks_s")}
+    if marks:  # where in its step each role reached the schedule's points (metrics.Meter.mark)
+        row["measured_marks_s"] = marks
     return row
 
 
@@ -405,7 +408,7 @@ def disagree(row: dict) -> bool:
 def merge_runs(first: dict, again: dict) -> dict:
     """One row from runs of a configuration: the measured step is the mean of two runs' and the
     median of more (``measured_runs_s`` keeps each: one disturbed run of three does not count),
-    throughput from it, steps and wall time summed; the cores busy the mean of the runs'."""
+    throughput from it, steps and wall time summed; the cores busy and the marks the mean of the runs'."""
     runs = [*first.get("measured_runs_s", [first["measured_step_s"]]), again["measured_step_s"]]
     step = statistics.fmean(runs) if len(runs) < 3 else statistics.median(runs)
     cpu, n = {}, len(runs) - 1  # ``first`` holds the mean of n runs' cores busy
@@ -413,6 +416,9 @@ def merge_runs(first: dict, again: dict) -> dict:
         cpu["measured_cpu_cores"] = (n * first["measured_cpu_cores"] + again["measured_cpu_cores"]) / (n + 1)
         cpu["measured_cpu_cores_by_role"] = {k: (n * v + again["measured_cpu_cores_by_role"].get(k, v)) / (n + 1)
                                              for k, v in first["measured_cpu_cores_by_role"].items()}
+    if "measured_marks_s" in first and "measured_marks_s" in again:  # likewise the marks
+        cpu["measured_marks_s"] = {k: {m: (n * t + again["measured_marks_s"].get(k, {}).get(m, t)) / (n + 1)
+                                       for m, t in v.items()} for k, v in first["measured_marks_s"].items()}
     return {**first, **cpu, "measured_runs_s": runs, "measured_step_s": step,
             "measured_throughput": first["global_batch"] / step if step > 0 else 0.0,
             "steps_measured": first["steps_measured"] + again["steps_measured"], "wall_s": first["wall_s"] + again["wall_s"]}
@@ -446,7 +452,7 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     the link measured both ways at once (``link_duplex``), ``duplex_efficiency`` fits it (and,
     where it has the CPU of both, ``reduce_cpu_s_per_byte`` replaces the calibration's); where it
     has flows from one host measured (``link_flow_lead``), its ``flow_lead_bytes``."""
-    from layerplan.runtime.predict import predict_run
+    from layerplan.runtime.predict import predict_run, timeline_marks
     from layerplan.runtime.run_spec import RunSpec
 
     spec = RunSpec(model=row["model"], strategy=row["strategy"], config=row["run_config"], batch_size=row["batch_size"])
@@ -481,6 +487,8 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         "predicted_cpu_cores": pred["utilization"]["shared cores"] * cluster.shared_cores
         if cluster.shared_cores and "shared cores" in pred["utilization"] else None,
     }
+    if row.get("measured_marks_s"):  # the same points of the predicted step
+        out["predicted_marks_s"] = timeline_marks(pred, row["measured_marks_s"])
     return {**out, **scored(out, meas)}
 
 

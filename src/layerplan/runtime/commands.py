@@ -274,8 +274,11 @@ def run_train(args: argparse.Namespace, predictor: Callable[[Any, dict], dict] |
 def attach_prediction(measurement: dict, prediction: dict) -> dict:
     """Measured, predicted and relative error side by side: adds ``prediction`` (as given) and
     ``comparison`` {quantity: {measured, predicted, rel_error}} for step time, throughput, total
-    bytes per step, per-role compute/comm time and the shared cores kept busy (on a cluster whose
-    nodes share cores: the engine's load on them as cores of CPU time) where both sides have them."""
+    bytes per step, per-role compute/comm time, the shared cores kept busy (on a cluster whose
+    nodes share cores: the engine's load on them as cores of CPU time) and how far into the step
+    each role reached its marks (``predict.timeline_marks``) where both sides have them."""
+    from layerplan.runtime.predict import timeline_marks
+
     out = dict(measurement)
     out["prediction"] = prediction
     rows: dict[str, dict[str, float | None]] = {}
@@ -297,6 +300,10 @@ def attach_prediction(measurement: dict, prediction: dict) -> dict:
         pr = (prediction.get("breakdown") or {}).get(role) or {}
         for k in ("compute_s", "comm_s"):
             add(f"breakdown.{role}.{k}", b.get(k), pr.get(k))
+    marks = {k: b["marks_s"] for k, b in (measurement.get("breakdown") or {}).items() if b.get("marks_s")}
+    for role, points in timeline_marks(prediction, marks).items():  # where in the step each role got to
+        for name, t in points.items():
+            add(f"marks.{role}.{name}", marks[role][name], t)
     cores = (prediction.get("cluster") or {}).get("shared_cores")
     busy = (prediction.get("utilization") or {}).get("shared cores")
     if cores and busy is not None:

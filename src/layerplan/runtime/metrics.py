@@ -20,9 +20,12 @@ global_batch, steps (run in this process: [first, last]), warmup_steps, step_tim
 the steps after warm-up of the ranks' mean step wall time; asynchronous compute groups: the round
 time their measured throughput gives, ``_group_round_s``), throughput_samples_per_s,
 bytes_per_step {total, per_role {kind: sent bytes per rank per step}, per_rank [...]},
-breakdown {kind: {compute_s, comm_s, cpu_cores}} (per step, median after warm-up, mean over the
-ranks of the kind; ``cpu_cores``: the rank's CPU time over its wall time in the steps after
-warm-up, the cores it kept busy), cpu_cores_busy (their sum over every rank: on shared cores,
+breakdown {kind: {compute_s, comm_s, cpu_cores, marks_s}} (per step, median after warm-up, mean
+over the ranks of the kind; ``cpu_cores``: the rank's CPU time over its wall time in the steps after
+warm-up, the cores it kept busy; ``marks_s``, where the role marks them (``Meter.mark``: allreduce,
+stanza): when it reached each named point, the end of the schedule's task of that name, after the
+step started on the last rank to start it (``_step_starts``) — ``predict.timeline_marks`` finds
+the same points in the predicted step), cpu_cores_busy (their sum over every rank: on shared cores,
 against the cores there are, how busy the run kept them), bottleneck (the kind with the largest
 compute time), loss [per step], step_times_s (the ranks' mean wall of each step),
 checkpoint_bytes_sent; plus whatever a role adds to ``Meter.extra`` (groups: ``staleness`` and
@@ -102,6 +105,13 @@ class Meter:
         finally:
             if self._cur is not None:
                 self._cur["comm_s"] += time.perf_counter() - t
+
+    def mark(self, name: str) -> None:
+        """The step reached ``name`` now (wall clock, as ``end_s``): a point of its cycle the cost
+        model names too (a task of the strategy's schedule ends there), so that a run's phases can
+        be set against the predicted timeline's (``summarize``'s ``marks_s``)."""
+        if self._cur is not None:
+            self._cur.setdefault("marks", {})[name] = time.time()
 
     def add_time(self, what: str, seconds: float) -> None:
         if self._cur is not None:
@@ -200,6 +210,30 @@ def _steady_steps(members: dict[int, list[dict]], measured: set[int]) -> dict[in
     return out
 
 
+def _marks_s(records: list[dict[str, Any]], starts: dict[int, float]) -> dict[str, float]:
+    """Each mark (``Meter.mark``) that every one of ``records`` reached: its median time after its
+    step's start (``starts``, wall clock)."""
+    records = [r for r in records if r["step"] in starts]
+    names = set.intersection(*(set(r.get("marks") or {}) for r in records)) if records else set()
+    return {n: _median([r["marks"][n] - starts[r["step"]] for r in records]) for n in names}
+
+
+def _step_starts(fragments: list[dict[str, Any]]) -> dict[int, float]:
+    """When each step started, wall clock: on the last rank to start it. A rank that waits on others
+    begins a step as soon as it is done with the last one and idles; the ranks that begin the
+    schedule's first tasks start last — the start of the cost model's step (its time 0). Steps
+    some rank did not record with its ``end_s`` are left out."""
+    starts: dict[int, float] = {}
+    missing: set[int] = set()
+    for f in fragments:
+        for r in f["records"]:
+            if "end_s" not in r:
+                missing.add(r["step"])
+            else:
+                starts[r["step"]] = max(starts.get(r["step"], -math.inf), r["end_s"] - r["wall_s"])
+    return {s: t for s, t in starts.items() if s not in missing}
+
+
 def cpu_cores(records: list[dict[str, Any]]) -> float:
     """The cores a rank kept busy over ``records``: its CPU time over its wall time (records of an
     older layerplan, without ``cpu_s``, read 0)."""
@@ -229,6 +263,8 @@ def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, gl
         losses.append(float(sum(parts)) if parts else None)
 
     per_rank = []
+    starts = _step_starts(fragments)
+    marks: dict[int, dict[str, float]] = {}
     kinds: dict[str, list[dict]] = {}
     for f in fragments:
         recs = [r for r in f["records"] if r["step"] in set(measured)] or f["records"]
@@ -238,12 +274,18 @@ def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, gl
                "compute_s": _median([r["compute_s"] for r in recs]),
                "comm_s": _median([r["comm_s"] for r in recs]),
                "cpu_cores": cpu_cores(recs)}
+        marks[f["rank"]] = _marks_s(recs, starts)
         per_rank.append(row)
         kinds.setdefault(f["kind"], []).append(row)
     per_role = {k: int(round(statistics.fmean(r["sent"] for r in rows))) for k, rows in kinds.items()}
     breakdown = {k: {"compute_s": statistics.fmean(r["compute_s"] for r in rows),
                      "comm_s": statistics.fmean(r["comm_s"] for r in rows),
                      "cpu_cores": statistics.fmean(r["cpu_cores"] for r in rows)} for k, rows in kinds.items()}
+    for k, rows in kinds.items():  # the marks every rank of the kind reached, averaged over them
+        ms = [marks[r["rank"]] for r in rows]
+        common = set.intersection(*(set(m) for m in ms))
+        if common:
+            breakdown[k]["marks_s"] = {n: statistics.fmean(m[n] for m in ms) for n in sorted(common, key=ms[0].get)}
     bottleneck = max(breakdown, key=lambda k: breakdown[k]["compute_s"]) if breakdown else None
     extra = {k: v for f in fragments for k, v in (f.get("extra") or {}).items()}
     return {

@@ -153,6 +153,8 @@ def rename_roles(pred: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
     out = dict(pred)
     out["groups"] = ren(pred["groups"])
     out["breakdown"] = ren(pred["breakdown"])
+    if "timeline" in pred:
+        out["timeline"] = [{**e, "group": names.get(e["group"], e["group"])} for e in pred["timeline"]]
     for k in ("memory_bytes_per_role", "memory_per_role"):
         if k in pred:
             out[k] = ren(pred[k])
@@ -161,4 +163,20 @@ def rename_roles(pred: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
         if k in b:
             b[k] = ren(b[k])
     out["bytes_per_step"] = b
+    return out
+
+
+def timeline_marks(pred: dict[str, Any], marks: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """When the predicted step reaches each of a run's marks (``metrics.Meter.mark``; ``marks``:
+    {role: {mark: ...}}, a Measurement's ``breakdown`` will do): the end of the schedule's task of
+    that name on the role's row of ``pred``'s timeline (its last end where several nodes show it),
+    for the marks the timeline has."""
+    out: dict[str, dict[str, float]] = {}
+    for role, names in marks.items():
+        ends: dict[str, float] = {}
+        for e in pred.get("timeline", ()):
+            if e["group"] == role and e["name"] in names:
+                ends[e["name"]] = max(ends.get(e["name"], 0.0), e["end_s"])
+        if ends:
+            out[role] = {n: ends[n] for n in names if n in ends}
     return out

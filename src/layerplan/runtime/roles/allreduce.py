@@ -44,8 +44,10 @@ class Worker(RoleBase):
             self.meter.collective(self.buffer_bytes)
         self.opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(self.ddp(x), y)
+        self.meter.mark("fwd")  # the schedule's tasks (strategies/allreduce.py) that end here
         loss.backward()  # returns once every bucket is all-reduced
         t_bwd = time.perf_counter()
+        self.meter.mark("unbucket")
         self.opt.step()
         self.buckets.record_times(t0, t_bwd, time.perf_counter())
         self.meter.loss(loss.item() / self.world, shown=loss.item())

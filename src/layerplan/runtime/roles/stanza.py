@@ -81,15 +81,19 @@ class ConvWorker(RoleBase):
             h = (self.ddp or self.head)(x)
             act = h.detach().contiguous()
             grad = torch.empty_like(act)
+        self.meter.mark("conv_fwd")  # the schedule's tasks (strategies/stanza.py) that end here
         self.wait([self.isend(act, self.fc, tag(s, ACT)), self.irecv(grad, self.fc, tag(s, GRAD))])
+        self.meter.mark("act_grads")
         self.opt.zero_grad(set_to_none=True)
         if self.ddp is None:  # Stanza's schedule: the all-reduce after the backward pass
             with self.meter.compute():
                 h.backward(grad)
                 if self.group is not None:
                     g = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
+            self.meter.mark("conv_bwd")
             if self.group is not None:
                 self.all_reduce(g, group=self.group)
+                self.meter.mark("conv_allreduce")
                 with self.meter.compute():
                     set_grads(self.params, g)
             with self.meter.compute():
@@ -99,6 +103,7 @@ class ConvWorker(RoleBase):
         t0 = time.perf_counter()
         h.backward(grad)  # DDP: returns once every bucket is all-reduced
         t_bwd = time.perf_counter()
+        self.meter.mark("conv_unbucket")
         self.opt.step()
         self.buckets.record_times(t0, t_bwd, time.perf_counter())
 
@@ -149,6 +154,7 @@ class FcWorker(RoleBase):
         works = [self.irecv(b, c, tag(s, ACT)) for b, c in zip(bufs, self.convs)]
         y = torch.cat([self.labels_of(c, s) for c in self.convs])
         self.wait(works)
+        self.meter.mark("activations")  # the schedule's tasks (strategies/stanza.py) that end here
         with self.meter.compute():
             a = torch.cat(bufs).requires_grad_(True)
             out = self.tail(a)
@@ -156,6 +162,7 @@ class FcWorker(RoleBase):
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             slices = [g.contiguous() for g in a.grad.split(self.k)]
+        self.meter.mark("fc_fwd_bwd")
         sends = [self.isend(g, c, tag(s, GRAD)) for g, c in zip(slices, self.convs)]
         if self.group is not None:
             with self.meter.compute():
