@@ -441,6 +441,11 @@ def test_summarize_times_each_roles_marks_where_every_rank_reached_them():
                    frag(2, "fc_worker", fc, wall_s=1.5)], s, roles, 3, 32)
     assert m["breakdown"]["conv_worker"]["marks_s"] == {"conv_fwd": pytest.approx(0.4)}  # mean of 0.3 and 0.5
     assert m["breakdown"]["fc_worker"]["marks_s"] == {"activations": pytest.approx(0.3)}
+    # CONV worker 1 starts each step 20 ms after worker 0: the step starts at their mean start, 10 ms in
+    m = summarize([frag(0, "conv_worker", conv0), frag(1, "conv_worker", conv1, wall_s=0.98),
+                   frag(2, "fc_worker", fc, wall_s=1.5)], s, roles, 3, 32)
+    assert m["breakdown"]["conv_worker"]["marks_s"] == {"conv_fwd": pytest.approx(0.39)}  # 0.3 and 0.48 from their own
+    assert m["breakdown"]["fc_worker"]["marks_s"] == {"activations": pytest.approx(0.29)}
     # without every rank's step end times there is no common start: no marks
     plain = summarize([{**frag(0, "conv_worker", conv0), "records": [{k: v for k, v in r.items() if k != "end_s"}
                                                                      for r in frag(0, "conv_worker", conv0)["records"]]},

@@ -24,8 +24,8 @@ breakdown {kind: {compute_s, comm_s, cpu_cores, marks_s}} (per step, median afte
 over the ranks of the kind; ``cpu_cores``: the rank's CPU time over its wall time in the steps after
 warm-up, the cores it kept busy; ``marks_s``, where the role marks them (``Meter.mark``: allreduce,
 stanza): when it reached each named point, the end of the schedule's task of that name, after the
-step started on the last rank to start it (``_step_starts``) — ``predict.timeline_marks`` finds
-the same points in the predicted step), cpu_cores_busy (their sum over every rank: on shared cores,
+step started (``_step_starts``: on the ranks of the role that starts it last) —
+``predict.timeline_marks`` finds the same points in the predicted step), cpu_cores_busy (their sum over every rank: on shared cores,
 against the cores there are, how busy the run kept them), bottleneck (the kind with the largest
 compute time), loss [per step], step_times_s (the ranks' mean wall of each step),
 checkpoint_bytes_sent; plus whatever a role adds to ``Meter.extra`` (groups: ``staleness`` and
@@ -219,19 +219,21 @@ def _marks_s(records: list[dict[str, Any]], starts: dict[int, float]) -> dict[st
 
 
 def _step_starts(fragments: list[dict[str, Any]]) -> dict[int, float]:
-    """When each step started, wall clock: on the last rank to start it. A rank that waits on others
-    begins a step as soon as it is done with the last one and idles; the ranks that begin the
-    schedule's first tasks start last — the start of the cost model's step (its time 0). Steps
-    some rank did not record with its ``end_s`` are left out."""
-    starts: dict[int, float] = {}
+    """When each step started, wall clock: the mean start of the ranks of the role that starts it
+    last. A role that waits on others begins a step as soon as it is done with the last one and
+    idles (Stanza's FC worker); the role whose tasks open the schedule starts last — the start of
+    the cost model's step (its time 0) —, its ranks a few ms apart on shared cores (so the mean of
+    them, not the last: a rank's marks then read as from its own start, on average). Steps some
+    rank did not record with its ``end_s`` are left out."""
+    by_kind: dict[int, dict[str, list[float]]] = {}
     missing: set[int] = set()
     for f in fragments:
         for r in f["records"]:
             if "end_s" not in r:
                 missing.add(r["step"])
             else:
-                starts[r["step"]] = max(starts.get(r["step"], -math.inf), r["end_s"] - r["wall_s"])
-    return {s: t for s, t in starts.items() if s not in missing}
+                by_kind.setdefault(r["step"], {}).setdefault(f["kind"], []).append(r["end_s"] - r["wall_s"])
+    return {s: max(statistics.fmean(v) for v in kinds.values()) for s, kinds in by_kind.items() if s not in missing}
 
 
 def cpu_cores(records: list[dict[str, Any]]) -> float:
