@@ -21,14 +21,14 @@ the steps after warm-up of the ranks' mean step wall time; asynchronous compute 
 time their measured throughput gives, ``_group_round_s``), throughput_samples_per_s,
 bytes_per_step {total, per_role {kind: sent bytes per rank per step}, per_rank [...]},
 breakdown {kind: {compute_s, comm_s, cpu_cores, marks_s}} (per step, median after warm-up, mean
-over the ranks of the kind; ``cpu_cores``: the rank's CPU time over its wall time in the steps after
-warm-up, the cores it kept busy; ``marks_s``, where the role marks them (``Meter.mark``: allreduce,
-stanza): when it reached each named point, the end of the schedule's task of that name, after the
-step started (``_step_starts``: on the ranks of the role that starts it last) —
-``predict.timeline_marks`` finds the same points in the predicted step), cpu_cores_busy (their sum over every rank: on shared cores,
-against the cores there are, how busy the run kept them), bottleneck (the kind with the largest
-compute time), loss [per step], step_times_s (the ranks' mean wall of each step),
-checkpoint_bytes_sent; plus whatever a role adds to ``Meter.extra`` (groups: ``staleness`` and
+over the ranks of the kind; ``cpu_cores``: the rank's CPU time over its wall time in the steps
+after warm-up, the cores it kept busy; ``marks_s``, where the role marks them (``Meter.mark``:
+allreduce, stanza): when it reached each named point, the end of the schedule's task of that
+name, after the step started (``_step_starts``: on the ranks of the role that starts it last) —
+``predict.timeline_marks`` finds the same points in the predicted step), cpu_cores_busy (their
+sum over every rank: on shared cores, against the cores there are, how busy the run kept them),
+bottleneck (the kind with the largest compute time), loss [per step], step_times_s (the ranks'
+mean wall of each step), checkpoint_bytes_sent; plus whatever a role adds to ``Meter.extra`` (groups: ``staleness`` and
 ``group_updates``, see ``roles/groups.py``).
 
 Why the ranks' mean and not the slowest rank's wall: each rank's step ends at its own point of the
