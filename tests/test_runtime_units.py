@@ -495,8 +495,8 @@ def test_attach_prediction_puts_both_side_by_side():
     marked = {**m, "breakdown": {"worker": {"compute_s": 1.0, "comm_s": 0.5, "marks_s": {"fwd": 0.4, "unbucket": 1.5}}}}
     timeline = [{"name": "fwd", "group": "worker", "start_s": 0.0, "end_s": 0.5, "tag": ""}]
     out = attach_prediction(marked, {**p, "timeline": timeline})
-    assert out["comparison"]["marks.worker.fwd"]["rel_error"] == pytest.approx(0.25)
-    assert "marks.worker.unbucket" not in out["comparison"]  # the timeline has no such task
+    assert out["comparison"]["marks_s.worker.fwd"]["rel_error"] == pytest.approx(0.25)
+    assert "marks_s.worker.unbucket" not in out["comparison"]  # the timeline has no such task
 
 
 # ---- checkpoint files ----------------------------------------------------------------------

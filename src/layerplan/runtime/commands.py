@@ -303,7 +303,7 @@ def attach_prediction(measurement: dict, prediction: dict) -> dict:
     marks = {k: b["marks_s"] for k, b in (measurement.get("breakdown") or {}).items() if b.get("marks_s")}
     for role, points in timeline_marks(prediction, marks).items():  # where in the step each role got to
         for name, t in points.items():
-            add(f"marks.{role}.{name}", marks[role][name], t)
+            add(f"marks_s.{role}.{name}", marks[role][name], t)
     cores = (prediction.get("cluster") or {}).get("shared_cores")
     busy = (prediction.get("utilization") or {}).get("shared cores")
     if cores and busy is not None:

@@ -28,8 +28,8 @@ name, after the step started (``_step_starts``: on the ranks of the role that st
 ``predict.timeline_marks`` finds the same points in the predicted step), cpu_cores_busy (their
 sum over every rank: on shared cores, against the cores there are, how busy the run kept them),
 bottleneck (the kind with the largest compute time), loss [per step], step_times_s (the ranks'
-mean wall of each step), checkpoint_bytes_sent; plus whatever a role adds to ``Meter.extra`` (groups: ``staleness`` and
-``group_updates``, see ``roles/groups.py``).
+mean wall of each step), checkpoint_bytes_sent; plus whatever a role adds to ``Meter.extra``
+(groups: ``staleness`` and ``group_updates``, see ``roles/groups.py``).
 
 Why the ranks' mean and not the slowest rank's wall: each rank's step ends at its own point of the
 cycle (a worker when its push is in the kernel's buffers, the server when its last pull went out),
