@@ -49,6 +49,22 @@ def test_summary_statistics_follow_their_definitions():
     assert set(s["by_strategy"]) == {"ps", "allreduce", "stanza"}
 
 
+def test_scenarios_name_the_configurations_predicted_too_close_to_the_best_to_call():
+    """Those predicted within the model's median |error| of the best: a measured best among them is
+    counted apart (``best_among_close_fraction``), the strict verdict stays as it is."""
+    # |errors| 0.02, 0.02, 0.02, 0.1, 0.1 and 0.2: median 0.06
+    rows = [row("a", "stanza", 1.02, 1.0), row("a", "allreduce", 1.0, 1.02), row("a", "ps", 1.5, 1.2),
+            row("b", "stanza", 2.0, 1.96), row("b", "allreduce", 1.9, 2.09), row("b", "ps", 2.2, 2.42)]
+    s = validate.summarize(rows)
+    a, b = sorted(s["scenarios"], key=lambda x: x["model"])
+    assert a["predicted_best"] == "stanza" and a["measured_best"] == "allreduce" and not a["match"]
+    assert a["predicted_runner_up"] == "allreduce" and a["predicted_margin"] == pytest.approx(0.02)
+    assert a["too_close"] == ["allreduce"] and a["among_close"]  # ps, 20% behind, is not
+    # b: allreduce 6.6% behind the predicted best, more than the median 6%: a miss the prediction called
+    assert b["too_close"] == [] and not b["among_close"] and b["predicted_margin"] == pytest.approx(2.09 / 1.96 - 1)
+    assert s["best_match_fraction"] == 0.0 and s["best_among_close_fraction"] == 0.5
+
+
 def test_spearman_is_rank_correlation():
     assert validate.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert validate.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
