@@ -612,9 +612,12 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         # 1 Gbit/s puts stanza, DDP and groups(g=4) within 1.2% of each other, where their rows err by
         # 2-3% either way: over twelve full runs the measured best was groups(g=4) 5 times,
         # groups(g=2) 4, DDP 2 and hybrid once, never the predicted stanza
-        others = sorted((r for r in rs if r is not p), key=lambda r: r["predicted_step_s"])
-        margin = others[0]["predicted_step_s"] / p["predicted_step_s"] - 1.0 if p["predicted_step_s"] > 0 else math.inf
-        close = [r.get("label", r["strategy"]) for r in others if r["predicted_step_s"] <= p["predicted_step_s"] * (1 + resolution)]
+        # (by throughput, as the best is named: a scenario's configurations need not step the same samples)
+        others = sorted((r for r in rs if r is not p), key=lambda r: r["predicted_throughput"], reverse=True)
+        top = others[0]["predicted_throughput"]
+        margin = p["predicted_throughput"] / top - 1.0 if top > 0 else math.inf
+        close = [r.get("label", r["strategy"]) for r in others
+                 if r["predicted_throughput"] * (1 + resolution) >= p["predicted_throughput"]]
         # what following the prediction costs: the predicted best's measured throughput short of the best's
         loss = 1.0 - p["measured_throughput"] / m["measured_throughput"] if m["measured_throughput"] > 0 else 0.0
         # how far apart the two runs of either configuration were (rows run twice: REPEAT_BELOW_S)
