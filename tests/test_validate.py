@@ -65,6 +65,16 @@ def test_scenarios_name_the_configurations_predicted_too_close_to_the_best_to_ca
     assert s["best_match_fraction"] == 0.0 and s["best_among_close_fraction"] == 0.5
 
 
+def test_runner_up_and_margin_are_by_throughput_where_configurations_step_different_samples():
+    """Omnivore's groups step more samples than stanza: a longer step can still be the faster plan,
+    and the runner-up and margin are named by throughput, as the best is."""
+    groups = {**row("c", "groups", 2.0, 1.9), "measured_throughput": 64 / 2.0, "predicted_throughput": 64 / 1.9}
+    rows = [row("c", "stanza", 1.0, 1.0), groups, row("c", "allreduce", 1.2, 1.1)]
+    (c,) = validate.summarize(rows)["scenarios"]
+    assert c["predicted_best"] == "groups" and c["predicted_runner_up"] == "stanza"
+    assert c["predicted_margin"] == pytest.approx((64 / 1.9) / 32 - 1)  # 5.3% ahead, though its step is longer
+
+
 def test_spearman_is_rank_correlation():
     assert validate.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert validate.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
