@@ -133,3 +133,38 @@ def test_the_emulated_cluster_states_its_tbf_bucket():
     """The emulation's ClusterSpec carries its links' tbf burst (max(64 kB, rate × 1 ms))."""
     emu = emulate.Emulated(name="t", hosts=2, rate_bytes_per_s=1.25e9, subnet=0)
     assert emu.cluster_spec().nic.burst_bytes == emulate.burst_bytes(1.25e9) == pytest.approx(1.25e6)
+
+
+
+def test_the_emulated_cluster_gives_its_shared_cores_the_presets_capacities():
+    """Without a calibration the emulation's shared cores give the presets' cores' worth with all
+    busy and with more processes than cores (hardware.SHARED_CORE_SHARE, OVERSUBSCRIBED_CORE_SHARE),
+    so a CPU-bound step is predicted slower than with the cores' full count; a calibration's own
+    capacities replace them."""
+    from dataclasses import replace
+
+    from layerplan import hardware, validate
+    from layerplan.runtime.predict import predict_run
+    from layerplan.runtime.run_spec import RunSpec
+
+    emu = emulate.Emulated(name="t", hosts=4, rate_bytes_per_s=1.25e9, subnet=0)
+    c = emu.cluster_spec(shared_cores=2)
+    assert c.shared_core_capacity == pytest.approx(2 * hardware.SHARED_CORE_SHARE)
+    assert c.oversubscribed_core_capacity == pytest.approx(2 * hardware.OVERSUBSCRIBED_CORE_SHARE)
+    spec = RunSpec(model="resnet_cifar", strategy="allreduce", config={"workers": 4}, batch_size=16)
+    full = replace(c, shared_core_capacity=None, oversubscribed_core_capacity=None)
+    assert predict_run(spec, c)["step_time_s"] > 1.05 * predict_run(spec, full)["step_time_s"]
+    n = emu.cluster_spec().shared_cores  # this machine's cores, as calibrated_for sees them
+    calibrated = replace(c, shared_cores=n, shared_core_capacity=0.75 * n, oversubscribed_core_capacity=0.7 * n)
+    mine = validate.calibrated_for(emu, calibrated)
+    assert (mine.shared_core_capacity, mine.oversubscribed_core_capacity) == pytest.approx((0.75 * n, 0.7 * n))
+
+
+def test_one_shared_core_keeps_its_own_capacity():
+    """One core has no other to contend with: the presets leave its capacity at the core's."""
+    from layerplan import hardware
+
+    assert hardware.shared_cores_preset(1) == {"shared_cores": 1}
+    assert hardware.shared_cores_preset(None) == {"shared_cores": None}
+    assert hardware.shared_cores_preset(4)["shared_core_capacity"] == pytest.approx(3.6)
+    assert hardware.cluster("local-cpu", shared_cores=4).oversubscribed_core_capacity == pytest.approx(3.44)

@@ -594,16 +594,44 @@ def link(name_or_rate: str) -> LinkSpec:
                     efficiency=0.956, note="from a rate")
 
 
+SHARED_CORE_SHARE = 0.9
+"""Preset ``shared_core_capacity`` per core (2 cores or more; no calibration): the cores' worth a
+core gives to training steps in lockstep with one process on each core. Busy cores share memory
+bandwidth, caches and the clock's headroom; measured (``layerplan calibrate``) on a 2-core AMD EPYC
+(Zen 1) 1.77-1.87 of 2 in ten idle calibrations, on a 2-core AVX-512 Xeon VM 1.87: 0.885-0.935 a core."""
+
+OVERSUBSCRIBED_CORE_SHARE = 0.86
+"""Preset ``oversubscribed_core_capacity`` per core (2 cores or more): the same with two processes on
+each core, time-sliced (each switch refills the caches): 1.65-1.74 of 2 on the EPYC, 1.80 on the
+Xeon, 0.825-0.90 a core. With both presets the emulated cluster's presets-only predictions of two
+full validations on the Xeon (vf70, vf71, repredicted) moved from a median |error| of 17.6% and
+16.2% to 14.2% and 11.8%: the presets had every core's full count, and every row ran slower."""
+
+
+def shared_cores_preset(cores: int | None) -> dict[str, Any]:
+    """ClusterSpec fields for ``cores`` shared cores without a calibration: the cores and the
+    presets' capacities (``SHARED_CORE_SHARE``, ``OVERSUBSCRIBED_CORE_SHARE``). One core has no
+    other core to contend with: its capacity stays the core's (None)."""
+    if not cores:
+        return {"shared_cores": None}
+    if cores < 2:
+        return {"shared_cores": cores}
+    return {"shared_cores": cores, "shared_core_capacity": SHARED_CORE_SHARE * cores,
+            "oversubscribed_core_capacity": OVERSUBSCRIBED_CORE_SHARE * cores}
+
+
 def cluster(preset: str = "titan-x", *, nodes: int = 4, device_name: str | None = None,
             bandwidth: str | None = None, shared_cores: int | None = None) -> ClusterSpec:
-    """N nodes of a node preset, optionally with another device or link rate."""
+    """N nodes of a node preset, optionally with another device or link rate; with
+    ``shared_cores``, the presets' capacities of them (``shared_cores_preset``)."""
     key = preset.lower()
     if key not in NODES:
         raise SpecError(f"unknown cluster preset {preset!r}; known: {', '.join(NODES)} (or give a cluster file)")
     dev_name, per_node, nic_name, _ = NODES[key]
     dev = device(device_name or dev_name)
     nic = link(bandwidth) if bandwidth else LINKS[nic_name]
-    return ClusterSpec(name=key, nodes=nodes, devices_per_node=per_node, device=dev, nic=nic, shared_cores=shared_cores)
+    return ClusterSpec(name=key, nodes=nodes, devices_per_node=per_node, device=dev, nic=nic,
+                       **shared_cores_preset(shared_cores))
 
 
 # ---- cluster files ---------------------------------------------------------------------------

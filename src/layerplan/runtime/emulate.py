@@ -82,7 +82,7 @@ class Emulated:
         """The ClusterSpec this emulation stands for: its link rate (TCP payload efficiency as
         measured here, EMULATION.md: ≈ 0.956) and tbf bucket (``burst_bytes``), one CPU device per
         host (``hardware.local_device``: a core of this machine by its /proc/cpuinfo), and the cores
-        every host shares (the machine's)."""
+        every host shares (the machine's, with the presets' capacities: ``hardware.shared_cores_preset``)."""
         from layerplan import hardware
 
         nic = hardware.LinkSpec(name=f"emulated {units.format_bandwidth(self.rate_bytes_per_s)}",
@@ -90,7 +90,7 @@ class Emulated:
                                 flow_lead_bytes=FLOW_LEAD_BYTES, burst_bytes=burst_bytes(self.rate_bytes_per_s),
                                 note="tbf-shaped veth on this machine")
         return hardware.ClusterSpec(name=f"emulated:{self.name}", nodes=self.hosts, device=device or hardware.local_device(),
-                                    nic=nic, shared_cores=shared_cores or os.cpu_count() or 1)
+                                    nic=nic, **hardware.shared_cores_preset(shared_cores or os.cpu_count() or 1))
 
 
 FLOW_LEAD_BYTES = 150e3

@@ -36,9 +36,10 @@ LOOPBACK = hardware.LinkSpec(
 def local_cluster(nodes: int, device: hardware.DeviceSpec | None = None, link: hardware.LinkSpec | None = None,
                   shared_cores: int | None = None) -> hardware.ClusterSpec:
     """Ranks as processes on this machine: one rank per 'node', all sharing this machine's cores
-    (one torch thread each), talking over loopback."""
+    (one torch thread each, the presets' capacities: ``hardware.shared_cores_preset``), talking over
+    loopback."""
     return hardware.ClusterSpec(name="local", nodes=nodes, device=device or hardware.local_device(),
-                                nic=link or LOOPBACK, shared_cores=shared_cores or os.cpu_count() or 1)
+                                nic=link or LOOPBACK, **hardware.shared_cores_preset(shared_cores or os.cpu_count() or 1))
 
 
 def strategy_config(spec, net) -> Any:
