@@ -397,6 +397,24 @@ def test_every_collective_call_waits_on_shared_cores():
         replace(c, collective_wait_s=-1.0)
 
 
+def test_a_gather_meets_and_its_receivers_wake_cold_on_shared_cores():
+    """A transfer that ``meets`` waits collective_wait_s on shared cores where two or more nodes send
+    (the receiver waits for the slowest); one that ``wakes`` its receivers costs them
+    oversubscribed_message_cpu_s where the step's nodes outnumber the cores, even with cores free."""
+    c = replace(cluster(bandwidth=1e9, latency=1e-4, nodes=8, shared_cores=2), collective_wait_s=2e-3,
+                oversubscribed_message_cpu_s=5e-4)
+    gather = Transfer(name="g", src="conv", dst="fc", bytes_per_flow=0.0, pattern="spread", meets=True, wakes=True)
+
+    def step(groups, cl=c, t=gather):
+        return simulate(StepGraph(groups=groups, samples_per_step=1, tasks=(t,)), cl).step_time_s
+
+    assert step({"conv": 2, "fc": 1}) == pytest.approx(1e-4 + 2e-3 + 5e-4)  # 3 nodes on 2 cores: both
+    assert step({"conv": 2, "fc": 1}, replace(c, shared_cores=4)) == pytest.approx(1e-4 + 2e-3)  # cores enough: no cold wake
+    assert step({"conv": 1, "fc": 1}) == pytest.approx(1e-4)  # one sender meets nobody
+    assert step({"conv": 2, "fc": 1}, t=replace(gather, meets=False, wakes=False)) == pytest.approx(1e-4)
+    assert step({"conv": 2, "fc": 1}, replace(c, shared_cores=None)) == pytest.approx(1e-4)
+
+
 def test_moving_bytes_costs_the_shared_cores_cpu():
     """A 1 s transfer whose two ends need 0.5 core-seconds each, beside a 1 s compute task, on one
     shared core: 2 core-seconds of work on one core — both end at 2 s. Without the CPU cost, 1 s."""

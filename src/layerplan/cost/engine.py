@@ -203,6 +203,16 @@ class Transfer:
     """Each flow's weight where it shares a resource (weighted max-min): a flow of share 2 gets
     twice the bytes/s of a share-1 flow on a NIC both saturate (``LinkSpec.lead_share``: the TCP
     flow that leads among flows leaving one NIC together)."""
+    meets: bool = False
+    """Its senders meet here: a gather whose receiver computes once the last has arrived (Stanza's
+    and hybrid's activations). On shared cores it waits ``collective_wait_s``, as a collective call
+    does: the step goes at its slowest sender's pace since they last met."""
+    wakes: bool = False
+    """Its receivers blocked for it through a phase of the step (Stanza's FC worker through the
+    forward pass, the CONV workers through the FC phase). With more nodes than shared cores each
+    wakes cold: ``oversubscribed_message_cpu_s`` more before the bytes are of use, even with a core
+    free (the ``contested_cpu`` rule waives a busy core's turn, not this). Stanza's FC pass of
+    resnet_cifar at 4 workers, 0.3 ms warm, took 3-4 ms of CPU after its wait with cores free."""
 
     def __post_init__(self) -> None:
         _deps_tuple(self)
@@ -642,6 +652,10 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
             out_f, in_f, total_f = _flows(t, groups)
             if total_f > 0:
                 latency = t.messages * lat_s  # α term: per-message latency before the bytes
+                if t.meets and cluster.shared_cores is not None and groups[t.src] > 1:
+                    latency += cluster.collective_wait_s  # the senders meet: the receiver waits for the slowest
+                if t.wakes:
+                    latency += message_cpu_s  # oversubscribed cores: the receivers wake cold (Transfer.wakes)
                 amount = float(t.bytes_per_flow)
                 if amount > 0:
                     coefs.append((res.egress[t.src], float(out_f)))

@@ -241,14 +241,19 @@ class Hybrid(Strategy):
             if layout_from == layout_to and layout_from in ("batch", "full"):
                 return
             if layout_from == "conv" or layout_to == "conv":
+                # as Stanza's: the CONV workers meet at the gather, the FC machines, blocked through the forward
+                # pass, wake cold, and the CONV workers for the gradients (Transfer.meets, Transfer.wakes)
                 if n_f == 1 and layout_from == "conv":
-                    add(Transfer(name=name, src="conv", dst="fc", bytes_per_flow=per * batch, pattern="spread", deps=(last,)))
+                    add(Transfer(name=name, src="conv", dst="fc", bytes_per_flow=per * batch, pattern="spread", deps=(last,),
+                                 meets=True, wakes=True))
                 elif layout_from == "conv":
                     pattern = "all_to_all" if layout_to == "full" else "spread"
-                    add(Transfer(name=name, src="conv", dst="fc", bytes_per_flow=per * batch, pattern=pattern, deps=(last,)))
+                    add(Transfer(name=name, src="conv", dst="fc", bytes_per_flow=per * batch, pattern=pattern, deps=(last,),
+                                 meets=True, wakes=True))
                 else:  # gradients back to the CONV workers
                     pattern = "all_to_all" if layout_from == "partial" else "broadcast"
-                    add(Transfer(name=name, src="fc", dst="conv", bytes_per_flow=per * batch, pattern=pattern, deps=(last,)))
+                    add(Transfer(name=name, src="fc", dst="conv", bytes_per_flow=per * batch, pattern=pattern, deps=(last,),
+                                 wakes=True))
                 return
             if n_f == 1:
                 return

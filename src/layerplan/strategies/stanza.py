@@ -119,10 +119,14 @@ class Stanza(Strategy):
         p_c, p_f = param_bytes(net.conv_layers), param_bytes(net.fc_layers)
         tasks = [
             Compute(name="conv_fwd", group="conv", seconds=fwd_s(net, net.conv_layers, cluster, batch)),
-            Transfer(name="activations", src="conv", dst="fc", bytes_per_flow=act, pattern="spread", deps=("conv_fwd",)),
+            # the CONV workers meet at the gather, and the FC worker, blocked through the forward pass, wakes
+            # cold; so do the CONV workers for the gradients (Transfer.meets, Transfer.wakes)
+            Transfer(name="activations", src="conv", dst="fc", bytes_per_flow=act, pattern="spread", deps=("conv_fwd",),
+                     meets=True, wakes=True),
             Compute(name="fc_fwd_bwd", group="fc", deps=("activations",),
                     seconds=fwd_s(net, net.fc_layers, cluster, fc_batch) + bwd_s(net, net.fc_layers, cluster, fc_batch)),
-            Transfer(name="act_grads", src="fc", dst="conv", bytes_per_flow=act, pattern="broadcast", deps=("fc_fwd_bwd",)),
+            Transfer(name="act_grads", src="fc", dst="conv", bytes_per_flow=act, pattern="broadcast", deps=("fc_fwd_bwd",),
+                     wakes=True),
         ]
         bucket_bytes = getattr(config, "bucket_bytes", 0)
         if bucket_bytes <= 0:
