@@ -135,7 +135,6 @@ def test_the_emulated_cluster_states_its_tbf_bucket():
     assert emu.cluster_spec().nic.burst_bytes == emulate.burst_bytes(1.25e9) == pytest.approx(1.25e6)
 
 
-
 def test_the_emulated_cluster_gives_its_shared_cores_the_presets_capacities():
     """Without a calibration the emulation's shared cores give the presets' cores' worth with all
     busy and with more processes than cores (hardware.SHARED_CORE_SHARE, OVERSUBSCRIBED_CORE_SHARE),

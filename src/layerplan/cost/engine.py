@@ -20,19 +20,23 @@ workers is four tasks, not a million flows.
   active on one node at once share its device (processor sharing). With ``cluster.shared_cores``
   set, every active compute task of the whole cluster (one per node of its group) also shares that
   many cores: each runs at ``min(1, capacity / active)`` (one thread per task; the capacity is
-  ``shared_core_capacity``, the calibrated cores' worth with all busy, else shared_cores). Moving bytes
+  ``shared_core_capacity``, the cores' worth with all busy, calibrated or the presets'
+  ``hardware.SHARED_CORE_SHARE``, else shared_cores). Moving bytes
   costs CPU too where the cluster says so: ``comm_cpu_s_per_byte`` at each end of every message
   and ``reduce_cpu_s_per_byte`` on half of an all-reduce's bytes (the reduction), drawn from the
   same shared cores — on an emulated cluster at 10 Gbit/s, TCP and gloo's copies and reductions
   take cores away from compute. Every collective call also waits ``collective_wait_s`` (its ranks
   meet: the step goes at the slowest rank's pace since the last call, and gloo's threads wake on
   cores busy with compute) but one that follows only collectives of its own group (its ranks just
-  met); with more nodes in the step than shared cores, every collective round
+  met), and so does a transfer that ``meets`` (a gather whose senders the receiver waits for:
+  Stanza's and hybrid's activations); with more nodes in the step than shared cores, every collective round
   and every message also waits ``oversubscribed_wait_s`` (its receiver may be off its core), each
   node that sends or receives a transfer spends ``oversubscribed_message_cpu_s`` of CPU on it (it
   blocks and wakes on a busy core) — where the transfer starts while the compute running takes
   every core; with a core free, it wakes there (stanza's activations after the forward pass,
-  a parameter server's pushes after the workers' backward, with every rank of the step waiting) —, and
+  a parameter server's pushes after the workers' backward, with every rank of the step waiting) —,
+  a transfer that ``wakes`` its receivers (they blocked for it through a phase) waits that much
+  more all the same, as they wake cold, and
   while more compute threads run than there are cores, the cores give
   ``oversubscribed_core_capacity`` (time slicing: each switch refills the caches); with as many or
   fewer, the messages' threads count by the cores' worth they take, the capacity moving linearly
