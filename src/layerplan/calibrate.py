@@ -809,7 +809,9 @@ def _training_step(module, params, x, y):
     SGD with momentum — as a callable (torch imported by the caller's process)."""
     import torch
 
-    opt = torch.optim.SGD(params, lr=1e-6, momentum=0.9)
+    from layerplan.runtime.optim import sgd
+
+    opt = sgd(params, lr=1e-6, momentum=0.9)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -1625,18 +1627,20 @@ the size at which the caches stop helping). The 32 MiB point is also ``mem_bandw
 def _update_bytes_per_s(params: int) -> float:
     """Memory bandwidth as the engine's SGD update uses it (``strategies.base.update_s``: read the
     gradient, parameters and momentum, write parameters and momentum = 5 × the parameter bytes),
-    from torch.optim.SGD with momentum on one thread over ``params`` parameters: the lowest of 5 steps."""
+    from torch.optim.SGD with momentum (``runtime.optim.sgd``: fused) on one thread over ``params`` parameters: the lowest of 5 steps."""
     return 5 * params * 4 / _flat_update_s(params)
 
 
 def _flat_update_s(params: int) -> float:
-    """Seconds of one torch.optim.SGD step with momentum over one flat tensor of ``params``
+    """Seconds of one torch.optim.SGD step (``runtime.optim.sgd``) with momentum over one flat tensor of ``params``
     parameters, on one thread: the lowest of 5 steps."""
     import torch
 
+    from layerplan.runtime.optim import sgd
+
     p = torch.nn.Parameter(torch.randn(max(1, params)))
     p.grad = torch.randn_like(p)
-    opt = torch.optim.SGD([p], lr=1e-3, momentum=0.9)
+    opt = sgd([p], lr=1e-3, momentum=0.9)
     opt.step()  # creates the momentum buffer
     best = math.inf
     for _ in range(5):

@@ -1,4 +1,4 @@
-"""The single-process reference a distributed run must equal: plain torch.optim.SGD on each
+"""The single-process reference a distributed run must equal: torch.optim.SGD (``optim.sgd``) on each
 step's global batch, built from the same data shards (``Sharder``) and the same initial weights.
 
 ``chunked=True`` (default) evaluates the global-batch loss the way the strategy does — the model
@@ -30,6 +30,7 @@ def reference_run(spec, *, chunked: bool = True, net=None, factory=None) -> dict
     from layerplan.runtime.data import Sharder, make_source
     from layerplan.errors import ConfigError
     from layerplan.runtime.layout import data_workers, layout
+    from layerplan.runtime.optim import sgd
 
     if spec.strategy == "groups" and spec.config["groups"] != 1:
         raise ConfigError(f"groups: {spec.config['groups']} asynchronous groups have no single-process reference "
@@ -40,7 +41,7 @@ def reference_run(spec, *, chunked: bool = True, net=None, factory=None) -> dict
     g = n * k
     sharder = Sharder(make_source(spec.data, net.input_shape, model.num_classes(net, spec), spec.seed), n, k, spec.seed,
                       dtype=model.torch_dtype(spec))
-    opt = torch.optim.SGD(module.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+    opt = sgd(module.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     split = None
     groups: list[list[int]] = [[w] for w in range(n)]
     if spec.strategy in ("stanza", "ralp", "hybrid", "groups") and chunked:

@@ -118,18 +118,18 @@ class RoleBase(ABC):
         return self.ctx.sharder.labels(s, self.ctx.roles[rank].data_index).to(self.ctx.device)
 
     def sgd(self, params):
-        import torch
+        from layerplan.runtime.optim import sgd
 
         sp = self.ctx.spec
-        return torch.optim.SGD(params, lr=sp.lr, momentum=sp.momentum, weight_decay=sp.weight_decay)
+        return sgd(params, lr=sp.lr, momentum=sp.momentum, weight_decay=sp.weight_decay)
 
     def load_sgd(self, opt, state: dict) -> None:
         """Restore ``opt``'s state (the momentum buffers) from a checkpoint, keeping this run's learning
         rate, momentum and weight decay: torch's ``load_state_dict`` would bring back the saved ones."""
+        from layerplan.runtime.optim import load_state
+
         sp = self.ctx.spec
-        opt.load_state_dict(state)
-        for group in opt.param_groups:
-            group.update(lr=sp.lr, momentum=sp.momentum, weight_decay=sp.weight_decay)
+        load_state(opt, state, lr=sp.lr, momentum=sp.momentum, weight_decay=sp.weight_decay)
 
 
 def flat_grads(params, out=None):
