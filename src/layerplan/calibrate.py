@@ -1627,13 +1627,14 @@ the size at which the caches stop helping). The 32 MiB point is also ``mem_bandw
 def _update_bytes_per_s(params: int) -> float:
     """Memory bandwidth as the engine's SGD update uses it (``strategies.base.update_s``: read the
     gradient, parameters and momentum, write parameters and momentum = 5 × the parameter bytes),
-    from torch.optim.SGD with momentum (``runtime.optim.sgd``: fused) on one thread over ``params`` parameters: the lowest of 5 steps."""
+    from the runs' SGD with momentum (``runtime.optim.sgd``: torch's fused kernel) on one thread over
+    ``params`` parameters: the lowest of 5 steps."""
     return 5 * params * 4 / _flat_update_s(params)
 
 
 def _flat_update_s(params: int) -> float:
-    """Seconds of one torch.optim.SGD step (``runtime.optim.sgd``) with momentum over one flat tensor of ``params``
-    parameters, on one thread: the lowest of 5 steps."""
+    """Seconds of one step of the runs' SGD with momentum (``runtime.optim.sgd``) over one flat tensor
+    of ``params`` parameters, on one thread: the lowest of 5 steps."""
     import torch
 
     from layerplan.runtime.optim import sgd

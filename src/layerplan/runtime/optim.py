@@ -6,10 +6,10 @@ elsewhere.
 The fused kernel reads the gradient, parameters and momentum once and writes parameters and
 momentum once — the five passes over the parameter bytes the cost model charges an update
 (``strategies.base.update_s``) — and gives the same numbers bit for bit as the loop (float32 and
-float64, weight decay included, checked by the tests). The loop takes more passes: measured on
-this repository's CPU, one thread, full models' parameters, loop against fused: alexnet_cifar
-(115 MB) 39.5 against 24.7 ms, vgg16_cifar (135 MB) 46.4 against 29.6 ms, resnet_cifar (1.1 MB)
-0.73 against 0.30 ms. The merged FC server of Omnivore's groups takes one update of the FC model
+float64, weight decay included: ``tests/test_optim.py``). The loop takes more passes: measured on
+the 2-core Xeon VM of the README's validation runs, one thread, each model's parameters, loop
+against fused: alexnet_cifar (115 MB) 39.5 against 24.7 ms, vgg16_cifar (135 MB) 46.4 against
+29.6 ms, resnet_cifar (1.1 MB) 0.73 against 0.30 ms. The merged FC server of Omnivore's groups takes one update of the FC model
 per group batch, a parameter server one of its shard per step: both wait for it.
 
 The calibration times its update bandwidth (``calibrate._flat_update_s``) with the same
