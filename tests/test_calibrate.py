@@ -104,7 +104,7 @@ def fake_result(on="emulated", eff=0.62, payload=119.5e6):
                     "per_thread_conv_flops_per_s": s([105e9]), "per_thread_linear_flops_per_s": s([40e9]),
                     "shared_flops_per_s": s([180e9, 185e9]), "share_of_peak_per_thread": s([0.6]),
                     "effective_cores": s([1.9]), "mem_bandwidth_bytes_per_s": 24e9,
-                    "update_bandwidth": [[2**20, 25e9], [2**27, 16e9]]},
+                    "update_bandwidth": [[2**20, 25e9], [2**27, 16e9]], "sum_bandwidth": [[2**20, 20e9], [2**27, 12e9]]},
         "link": {"where": "somewhere", "configured_bytes_per_s": 125e6 if on == "emulated" else None, "ranks": 3,
                  "latency_s": s([80e-6, 90e-6]), "payload_bytes_per_s": s([payload, payload * 1.001]),
                  **({"efficiency": s([payload / 125e6])} if on == "emulated" else {}),
@@ -138,6 +138,7 @@ def test_cluster_file_round_trips_through_the_loader_and_the_cli(tmp_path, capsy
     assert spec.oversubscribed_core_capacity == pytest.approx(1.7)
     assert spec.collective_wait_s == pytest.approx(1e-3)  # one more collective a step in lockstep
     assert spec.device.update_bandwidth == ((2**20, 25e9), (2**27, 16e9))
+    assert spec.device.sum_bandwidth == ((2**20, 20e9), (2**27, 12e9))
     if on == "emulated":
         assert spec.nic.bandwidth_bytes_per_s == 125e6 and spec.nic.efficiency == pytest.approx(0.956, rel=1e-3)
         assert spec.nic.duplex_efficiency == pytest.approx(118e6 / 119.5e6, rel=1e-3)  # the all-reduce's bus rate, both ways

@@ -87,6 +87,25 @@ def test_update_bandwidth_by_size_and_the_update_time_it_gives():
     for bad in ([[0, 1e9]], [[1e6, -1]], [["x", 1]], [[1e6]]):
         with pytest.raises(SpecError, match="update_bandwidth"):
             replace(dev, update_bandwidth=bad)
+        with pytest.raises(SpecError, match="sum_bandwidth"):
+            replace(dev, sum_bandwidth=bad)
+
+
+def test_a_server_summing_gradients_pays_for_every_pass_of_the_sum():
+    from dataclasses import replace
+
+    from layerplan.strategies.base import sum_passes, update_s
+
+    # runtime.roles.summed: one gradient as it came; n: the first two added into a third, then one add_ each
+    assert [sum_passes(n) for n in (1, 2, 4)] == [0, 3, 9]
+    assert sum_passes(4, averaged=True) == 11 and sum_passes(1, copied=True) == 2 and sum_passes(3, copied=True) == 8
+    dev = replace(hardware.device("cpu-core"), update_bandwidth=[[2**27, 20e9]])
+    c = replace(hardware.cluster("local-cpu", nodes=2), device=dev)
+    assert dev.sum_bytes_per_s(2**27) == 20e9  # no sum curve: the update's
+    assert update_s(2**27, c, gradients_summed=4, averaged=True) == pytest.approx(16 * 2**27 / 20e9)
+    c = replace(c, device=replace(dev, sum_bandwidth=[[2**27, 12e9]]))
+    assert update_s(2**27, c, gradients_summed=4, averaged=True) == pytest.approx(5 * 2**27 / 20e9 + 11 * 2**27 / 12e9)
+    assert hardware.cluster_from_dict(c.to_dict()).device.sum_bandwidth == ((2**27, 12e9),)
 
 
 def test_the_leading_flows_share_fades_with_the_flows_size():

@@ -457,6 +457,28 @@ def test_summarize_times_each_roles_marks_where_every_rank_reached_them():
                          {"name": "fc_update", "group": "fc_worker", "start_s": 0.5, "end_s": 0.6, "tag": ""}]}
     assert timeline_marks(pred, {k: b["marks_s"] for k, b in m["breakdown"].items()}) == {
         "conv_worker": {"conv_fwd": 0.35}}  # the fc_worker's row has no activations task
+    # a task simulated per group of nodes (ps's staggered workers) counts under its own name
+    staggered = {"timeline": [{"name": "fwd_bwd@worker0", "group": "worker", "start_s": 0.0, "end_s": 0.9, "tag": ""},
+                              {"name": "fwd_bwd@worker1", "group": "worker", "start_s": 0.0, "end_s": 1.1, "tag": ""}]}
+    assert timeline_marks(staggered, {"worker": {"fwd_bwd": 1.0}}) == {"worker": {"fwd_bwd": 1.1}}
+    # several iterations: the last, from its first start
+    rounds = {"timeline": [{"name": f"it{i}/{n}", "group": "server", "start_s": 2.0 * i + a, "end_s": 2.0 * i + b, "tag": ""}
+                           for i in range(3) for n, a, b in (("push", 0.25, 1.0), ("update", 1.0, 1.5))]}
+    assert timeline_marks(rounds, {"server": {"update": 1.4}}) == {"server": {"update": pytest.approx(1.25)}}
+
+
+def test_a_server_sums_the_pushed_gradients_in_their_order():
+    import torch
+
+    from layerplan.runtime.roles import summed
+
+    bufs = [torch.randn(1000, dtype=torch.float64) * 10.0 ** k for k in range(5)]
+    out = torch.empty(1000, dtype=torch.float64)
+    assert summed(bufs[:1], out) is bufs[0]  # one gradient is used as it came
+    ref = bufs[0].clone()
+    for b in bufs[1:]:
+        ref += b
+    assert summed(bufs, out) is out and torch.equal(out, ref)  # bit for bit the sum added one by one
 
 
 def test_meter_counts_the_process_cpu_time_of_a_step():

@@ -299,9 +299,10 @@ def _run_compute(processes: int, cfg: dict, log_dir: Path, advance
     "go" line), so they really share the cores."""
     procs = _Procs([_worker_argv("compute", cfg)] * processes, [_base_env()] * processes, log_dir)
 
-    def update_curve() -> list[list[float]]:
+    def update_curve() -> tuple[list[list[float]], list[list[float]]]:
         procs.send("update", [0])
-        return procs.expect("update", [0])[0]["update_curve"]
+        got = procs.expect("update", [0])[0]
+        return got["update_curve"], got["sum_curve"]
 
     try:
         layers = procs.expect("ready", processes)[0]["layers"]
@@ -317,10 +318,10 @@ def _run_compute(processes: int, cfg: dict, log_dir: Path, advance
             advance()
         # measured while the other processes build their layers, a 128 MiB update read 22 GB/s in
         # one calibration against 34-39 in eight others: alone, twice, the higher
-        curve = [[b, max(r0, r1)] for (b, r0), (_, r1) in zip(first, update_curve())]
+        curve, sums = ([[b, max(r0, r1)] for (b, r0), (_, r1) in zip(c0, c1)] for c0, c1 in zip(first, update_curve()))
         procs.send("stop")
         procs.expect("done", processes)
-        return layers, alone, shared, (next(r for b, r in curve if b == 4 * UPDATE_PARAMS), curve)
+        return layers, alone, shared, (next(r for b, r in curve if b == 4 * UPDATE_PARAMS), curve, sums)
     finally:
         procs.close()
 
@@ -358,7 +359,7 @@ def measure_compute(repeats: int = 3, quick: bool = False, *, cfg: dict | None =
 
 def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
     (log_dir / "compute").mkdir(exist_ok=True)
-    layers, alone, shared, (update_bw, update_curve) = _run_compute(cores, cfg, log_dir / "compute", advance)
+    layers, alone, shared, (update_bw, update_curve, sum_curve) = _run_compute(cores, cfg, log_dir / "compute", advance)
     # the memory terms of the fit (PALEO §3.1.1 R, W) at this machine's measured bandwidth
     device = replace(hardware.DEVICES[DEVICE_PRESET], mem_bandwidth_bytes_per_s=update_bw)
     per_thread = [_flops_per_s(layers, rep[0]) for rep in alone]
@@ -372,6 +373,7 @@ def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
         "threads_per_process": 1,
         "mem_bandwidth_bytes_per_s": update_bw,
         "update_bandwidth": update_curve,
+        "sum_bandwidth": sum_curve,
         "per_thread_flops_per_s": spread(per_thread),
         "per_thread_conv_flops_per_s": spread([_flops_per_s(layers, rep[0], "conv") for rep in alone]),
         "per_thread_linear_flops_per_s": spread([_flops_per_s(layers, rep[0], "fc") for rep in alone]),
@@ -1286,6 +1288,7 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
     device = replace(base, name=f"{base.name}-calibrated", peak_flops_per_s=peak, compute_efficiency=eff, fc_efficiency=fc_eff,
                      mem_bandwidth_bytes_per_s=comp.get("mem_bandwidth_bytes_per_s", base.mem_bandwidth_bytes_per_s),
                      update_bandwidth=tuple(tuple(p) for p in comp.get("update_bandwidth", ())),
+                     sum_bandwidth=tuple(tuple(p) for p in comp.get("sum_bandwidth", ())),
                      profiled_layers=profiled_layers(result["profile"]) if result.get("profile") else (),
                      note=f"calibrated {result['machine']['when']} on {result['machine']['cpu']}: "
                           f"{units.format_flops_rate(per_thread)} per thread (FLOP-weighted conv+linear fwd+bwd, "
@@ -1383,6 +1386,9 @@ def summary_lines(result: dict) -> list[str]:
            + ("" if not c.get("update_bandwidth") else " (by parameter bytes: " + ", ".join(
                f"{units.format_bytes(b)} {units.format_bytes(r)}/s" for b, r in c["update_bandwidth"]) + ")")]
           if "mem_bandwidth_bytes_per_s" in c else []),
+        *([f"memory bandwidth (sum of two gradients, 1 thread) by parameter bytes: " + ", ".join(
+            f"{units.format_bytes(b)} {units.format_bytes(r)}/s" for b, r in c["sum_bandwidth"])]
+          if c.get("sum_bandwidth") else []),
         f"link ({ln['where']}): latency {f(ln['latency_s'], units.format_seconds)}, "
         f"payload {f(ln['payload_bytes_per_s'], units.format_bandwidth)}",
     ]
@@ -1656,6 +1662,27 @@ def _update_curve() -> list[list[float]]:
     return [[4.0 * n, _update_bytes_per_s(n)] for n in UPDATE_CURVE_PARAMS]
 
 
+def _sum_bytes_per_s(params: int) -> float:
+    """Memory bandwidth of a server's sum of gradients (``runtime.roles.summed``: two read, one
+    written = 3 × the parameter bytes) over ``params`` float32 parameters, on one thread: the
+    lowest of 5 sums."""
+    import torch
+
+    a, b, out = torch.randn(max(1, params)), torch.randn(max(1, params)), torch.empty(max(1, params))
+    torch.add(a, b, out=out)
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.add(a, b, out=out)
+        best = min(best, time.perf_counter() - t0)
+    return 3 * params * 4 / best
+
+
+def _sum_curve() -> list[list[float]]:
+    """[parameter bytes, sum bandwidth] at ``UPDATE_CURVE_PARAMS`` (DeviceSpec.sum_bandwidth)."""
+    return [[4.0 * n, _sum_bytes_per_s(n)] for n in UPDATE_CURVE_PARAMS]
+
+
 def _compute_worker(cfg: dict) -> None:
     import torch
 
@@ -1675,7 +1702,7 @@ def _compute_worker(cfg: dict) -> None:
     rep = 0
     while (command := sys.stdin.readline().strip()) in ("go", "update"):  # as the parent says; "stop" ends
         if command == "update":  # its 32 MiB point is the device's mem_bandwidth_bytes_per_s
-            _emit(event="update", update_curve=_update_curve())
+            _emit(event="update", update_curve=_update_curve(), sum_curve=_sum_curve())
             continue
         times = {}  # alone or with the others
         for key, step in steps.items():  # a time window per layer keeps concurrent processes in step

@@ -117,17 +117,23 @@ class DeviceSpec:
     ``layerplan calibrate`` measures it at a few sizes: on a CPU a small update runs from the caches
     and a large one from DRAM (this machine: 26 GB/s at 32 MiB of parameters, 15.6–16.6 at 128 MiB).
     ``update_bytes_per_s`` interpolates it; empty: mem_bandwidth_bytes_per_s at every size."""
+    sum_bandwidth: tuple[tuple[float, float], ...] = ()
+    """(parameter bytes, bytes/s) of adding two gradients of that many bytes into a third (3 passes
+    over them, ``runtime.roles.summed``), as ``layerplan calibrate`` measures it: a server summing
+    what its workers pushed. This machine: 0.6–0.9 of the SGD update's bandwidth at the same size.
+    ``sum_bytes_per_s`` interpolates it; empty: the update's."""
 
     def __post_init__(self) -> None:
         _check_positive(self, ("peak_flops_per_s", "mem_bandwidth_bytes_per_s", "memory_bytes"))
-        try:
-            pts = tuple(sorted((float(b), float(r)) for b, r in self.update_bandwidth))
-        except (TypeError, ValueError):
-            raise SpecError(f"device {self.name!r}: update_bandwidth must be [parameter bytes, bytes/s] pairs, "
-                            f"got {self.update_bandwidth!r}") from None
-        if any(not (math.isfinite(b) and b > 0 and math.isfinite(r) and r > 0) for b, r in pts):
-            raise SpecError(f"device {self.name!r}: update_bandwidth needs positive sizes and rates, got {list(pts)!r}")
-        object.__setattr__(self, "update_bandwidth", pts)
+        for name in ("update_bandwidth", "sum_bandwidth"):
+            try:
+                pts = tuple(sorted((float(b), float(r)) for b, r in getattr(self, name)))
+            except (TypeError, ValueError):
+                raise SpecError(f"device {self.name!r}: {name} must be [parameter bytes, bytes/s] pairs, "
+                                f"got {getattr(self, name)!r}") from None
+            if any(not (math.isfinite(b) and b > 0 and math.isfinite(r) and r > 0) for b, r in pts):
+                raise SpecError(f"device {self.name!r}: {name} needs positive sizes and rates, got {list(pts)!r}")
+            object.__setattr__(self, name, pts)
         if not 0 < self.compute_efficiency <= 1:
             raise SpecError(f"device {self.name!r}: compute_efficiency must be in (0, 1], got {self.compute_efficiency!r}")
         if self.fc_efficiency is not None and not 0 < self.fc_efficiency <= 1:
@@ -144,15 +150,16 @@ class DeviceSpec:
     def update_bytes_per_s(self, param_bytes: float) -> float:
         """Memory bandwidth an SGD update of ``param_bytes`` of parameters sees: ``update_bandwidth``
         interpolated linearly in log(size), the nearest point outside it; else mem_bandwidth."""
-        pts = self.update_bandwidth
-        if not pts:
+        if not self.update_bandwidth:
             return self.mem_bandwidth_bytes_per_s
-        if param_bytes <= pts[0][0]:
-            return pts[0][1]
-        for (b0, r0), (b1, r1) in zip(pts, pts[1:]):
-            if param_bytes <= b1:
-                return r0 + (r1 - r0) * math.log(param_bytes / b0) / math.log(b1 / b0)
-        return pts[-1][1]
+        return _by_size(self.update_bandwidth, param_bytes)
+
+    def sum_bytes_per_s(self, param_bytes: float) -> float:
+        """Memory bandwidth a sum of gradients of ``param_bytes`` sees: ``sum_bandwidth`` as
+        ``update_bytes_per_s`` reads its curve; else the update's."""
+        if not self.sum_bandwidth:
+            return self.update_bytes_per_s(param_bytes)
+        return _by_size(self.sum_bandwidth, param_bytes)
 
     @property
     def achieved_flops_per_s(self) -> float:
@@ -404,11 +411,22 @@ class ClusterSpec:
         return f"{self.nodes} × {dev}, {nic}"
 
 
+def _by_size(pts: tuple[tuple[float, float], ...], size: float) -> float:
+    """A (size, rate) curve read at ``size``: interpolated linearly in log(size), the nearest point outside it."""
+    if size <= pts[0][0]:
+        return pts[0][1]
+    for (b0, r0), (b1, r1) in zip(pts, pts[1:]):
+        if size <= b1:
+            return r0 + (r1 - r0) * math.log(size / b0) / math.log(b1 / b0)
+    return pts[-1][1]
+
+
 def _device_dict(d: DeviceSpec) -> dict[str, Any]:
     out = {f.name: getattr(d, f.name) for f in fields(DeviceSpec)}
-    out["update_bandwidth"] = [list(p) for p in d.update_bandwidth]
-    if not out["update_bandwidth"]:
-        del out["update_bandwidth"]
+    for name in ("update_bandwidth", "sum_bandwidth"):
+        out[name] = [list(p) for p in getattr(d, name)]
+        if not out[name]:
+            del out[name]
     out["profiled_layers"] = [{**{f.name: getattr(p, f.name) for f in fields(ProfiledLayer)}, "batches": list(p.batches),
                                "fwd_s": list(p.fwd_s), "bwd_s": list(p.bwd_s)} for p in d.profiled_layers]
     if not out["profiled_layers"]:

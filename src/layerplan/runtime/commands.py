@@ -83,7 +83,8 @@ def register(subparsers) -> None:
                         "cluster (`layerplan cluster up`); torchrun: write the spec and print the torchrun command")
     r.add_argument("--cluster", metavar="FILE|PRESET",
                    help="predict with this cluster (e.g. the file `layerplan calibrate -o` wrote) instead of the "
-                        "built-in description of where the run happens")
+                        "built-in description of where the run happens; with --on emulated its device and CPU costs "
+                        "on the emulated cluster's links")
     r.add_argument("--no-predict", action="store_true", help="measure only; skip the prediction beside it")
     r.add_argument("--threads-per-rank", type=positive_int, default=1, metavar="T", help="torch threads per rank (default 1)")
     r.add_argument("--timeout", type=float, default=20.0, metavar="S",
@@ -211,20 +212,26 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def make_predictor(args: argparse.Namespace) -> Callable[[Any, dict], dict]:
-    """The engine's prediction for where the run happens: the --cluster file/preset if given, else
-    the emulated cluster's own spec, else ranks sharing this machine's cores over loopback."""
+    """The engine's prediction for where the run happens: on an emulated cluster its own spec (its
+    links, its nodes, the cores they share) with the --cluster file's device and CPU costs where one
+    is given (``validate.calibrated_for``, as validate predicts); else the --cluster file/preset if
+    given, else ranks sharing this machine's cores over loopback."""
 
     def predictor(spec, measurement: dict) -> dict:
         from layerplan.hardware import resolve_cluster
         from layerplan.runtime.predict import predict_run
 
-        cluster = None
-        if args.cluster:
-            cluster = resolve_cluster(args.cluster)
-        elif args.on.startswith("emulated"):
+        cluster = resolve_cluster(args.cluster) if args.cluster else None
+        if args.on.startswith("emulated"):
             from layerplan.runtime import emulate
 
-            cluster = emulate.find(args.on.partition(":")[2] or "default").cluster_spec()
+            emu = emulate.find(args.on.partition(":")[2] or "default")
+            if cluster is None:
+                cluster = emu.cluster_spec()
+            else:
+                from layerplan.validate import calibrated_for
+
+                cluster = calibrated_for(emu, cluster)
         return predict_run(spec, cluster)
 
     return predictor

@@ -170,14 +170,31 @@ def rename_roles(pred: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
 def timeline_marks(pred: dict[str, Any], marks: dict[str, Any]) -> dict[str, dict[str, float]]:
     """When the predicted step reaches each of a run's marks (``metrics.Meter.mark``; ``marks``:
     {role: {mark: ...}}, a Measurement's ``breakdown`` will do): the end of the schedule's task of
-    that name on the role's row of ``pred``'s timeline (its last end where several nodes show it),
-    for the marks the timeline has."""
+    that name on the role's row of ``pred``'s timeline (its last end where several nodes show it;
+    a task simulated per group of nodes, ``fwd_bwd@worker0``, counts as ``fwd_bwd``), for the marks
+    the timeline has. A timeline of several iterations (``it0/…``, ``it1/…``: engine.iteration_name)
+    is read in its last, from that iteration's first start."""
+    timeline = list(pred.get("timeline", ()))
+    rounds = {_iteration(e["name"])[0] for e in timeline}
+    last = max(rounds, default=-1)
+    tasks = [e for e in timeline if _iteration(e["name"])[0] == last]
+    origin = min((e["start_s"] for e in tasks), default=0.0) if last >= 0 else 0.0
     out: dict[str, dict[str, float]] = {}
     for role, names in marks.items():
         ends: dict[str, float] = {}
-        for e in pred.get("timeline", ()):
-            if e["group"] == role and e["name"] in names:
-                ends[e["name"]] = max(ends.get(e["name"], 0.0), e["end_s"])
+        for e in tasks:
+            name = _iteration(e["name"])[1].partition("@")[0]
+            if e["group"] == role and name in names:
+                ends[name] = max(ends.get(name, 0.0), e["end_s"] - origin)
         if ends:
             out[role] = {n: ends[n] for n in names if n in ends}
     return out
+
+
+def _iteration(name: str) -> tuple[int, str]:
+    """(iteration, task) of a timeline entry's name: ``it2/push`` → (2, "push"); a name of a
+    one-iteration timeline → (−1, name)."""
+    head, sep, rest = name.partition("/")
+    if sep and head.startswith("it") and head[2:].isdigit():
+        return int(head[2:]), rest
+    return -1, name

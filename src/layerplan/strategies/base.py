@@ -142,11 +142,28 @@ def bwd_s(net: NetSpec, layers: Sequence[LayerSpec], cluster: ClusterSpec, batch
     return compute.phase_time_s(net, layers, cluster.device, batch, "bwd")
 
 
-def update_s(param_bytes: float, cluster: ClusterSpec, gradients_summed: int = 1) -> float:
-    """SGD-with-momentum update: read the summed gradients, parameters and momentum, write
-    parameters and momentum — memory bound (PALEO §3.1.1 R + W terms), at the bandwidth an update
-    of this size sees (``DeviceSpec.update_bytes_per_s``: caches for small ones, DRAM for large)."""
-    return (gradients_summed + 4) * param_bytes / cluster.device.update_bytes_per_s(param_bytes)
+def sum_passes(gradients: int, averaged: bool = False, copied: bool = False) -> int:
+    """Passes over the parameter bytes (each a read or a write of all of them) a server makes to
+    sum the ``gradients`` it received (``runtime.roles.summed``: per add, read two and write one;
+    one gradient is used as it came) and, ``averaged``, to divide the sum by their number, and,
+    ``copied``, to copy it into the parameters' gradients (a read and a write each)."""
+    if gradients <= 1:
+        return 2 if copied else 0
+    return 3 * (gradients - 1) + (2 if averaged else 0) + (2 if copied else 0)
+
+
+def update_s(param_bytes: float, cluster: ClusterSpec, gradients_summed: int = 1, *, averaged: bool = False,
+             copied: bool = False) -> float:
+    """SGD-with-momentum update: read the gradient, parameters and momentum, write parameters and
+    momentum (5 passes), after summing ``gradients_summed`` received gradients (``sum_passes``)
+    — memory bound (PALEO §3.1.1 R + W terms), at the bandwidth an update of this size sees
+    (``DeviceSpec.update_bytes_per_s``: caches for small ones, DRAM for large), the sum's at the
+    bandwidth a sum sees (``DeviceSpec.sum_bytes_per_s``). A server summing 4 gradients of
+    vgg16_cifar's 135 MB and dividing them took 108–111 ms here and the update 34 ms, where 5 + 1
+    pass per gradient at the update's bandwidth had charged 48 ms for both."""
+    dev = cluster.device
+    return (5 * param_bytes / dev.update_bytes_per_s(param_bytes)
+            + sum_passes(gradients_summed, averaged=averaged, copied=copied) * param_bytes / dev.sum_bytes_per_s(param_bytes))
 
 
 def param_bytes(layers: Sequence[LayerSpec]) -> int:

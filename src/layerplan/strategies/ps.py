@@ -76,7 +76,7 @@ class PS(Strategy):
         n_w, n_s = config.workers, config.servers
         shard = net.param_bytes / n_s
         t_compute = fwd_s(net, net.layers, cluster, batch) + bwd_s(net, net.layers, cluster, batch)
-        t_update = update_s(shard, cluster, gradients_summed=n_w)
+        t_update = update_s(shard, cluster, gradients_summed=n_w, averaged=True)  # runtime/roles/ps.py
         counts = stagger_groups(n_w)
         shares = cluster.nic.stagger_shares(shard, counts)
         if n_w == 1 or all(w == 1.0 for w in shares):

@@ -153,7 +153,7 @@ class Ralp(Strategy):
                          deps=(f"head_bwd@{w}",)),
             ]
         tasks.append(Compute(name="update", group="ps",
-                             seconds=update_s(p_head, cluster, gradients_summed=n_w) + update_s(p_tail, cluster),
+                             seconds=update_s(p_head, cluster, gradients_summed=n_w, copied=True) + update_s(p_tail, cluster),
                              deps=(f"tail_fwd_bwd@{names[-1]}",) + tuple(f"push_head@{w}" for w in names)))
         tasks += [Transfer(name=f"pull_head@{w}", src="ps", dst=w, bytes_per_flow=p_head, pattern="broadcast",
                            deps=("update",), share=shares[j]) for j, w in enumerate(names)]

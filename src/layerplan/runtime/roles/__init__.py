@@ -141,6 +141,20 @@ def flat_grads(params, out=None):
     return torch.cat(parts) if out is None else torch.cat(parts, out=out)
 
 
+def summed(bufs, out):
+    """The sum of the received gradients ``bufs``, added in their order: ``bufs[0]`` itself when
+    there is one, else written into ``out`` — the first two added into it, then one add_ each, 3
+    passes over the bytes an add (``strategies.base.sum_passes`` charges them)."""
+    import torch
+
+    if len(bufs) == 1:
+        return bufs[0]
+    torch.add(bufs[0], bufs[1], out=out)
+    for b in bufs[2:]:
+        out.add_(b)
+    return out
+
+
 def set_grads(params, flat) -> None:
     off = 0
     for p in params:

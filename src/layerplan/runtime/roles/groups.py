@@ -55,7 +55,7 @@ import queue
 import threading
 import time
 
-from layerplan.runtime.roles import RoleBase, flat_grads, flat_params, set_params, tag
+from layerplan.runtime.roles import RoleBase, flat_grads, flat_params, set_params, summed, tag
 
 PULL, ACT, GRAD, PUSH, READY = 0, 1, 2, 3, 4
 
@@ -351,10 +351,8 @@ class ConvModelServer(_Sends, RoleBase):
                 self.meter.sent(buf)
                 self.meter.recv(buf)
             with self.meter.compute():
-                g = self.scratch("grad", bufs[0].shape, bufs[0].dtype).copy_(bufs[0])
-                for buf in bufs[1:]:
-                    g += buf  # the group's gradient: the k machines' parts of one group batch, summed
-                self.w.grad = g
+                # the group's gradient: the k machines' parts of one group batch, summed
+                self.w.grad = summed(bufs, self.scratch("grad", bufs[0].shape, bufs[0].dtype))
                 self.opt.step()
             self.staleness.append({"order": len(self.staleness), "group": j, "iteration": self.next_iter[j],
                                    "staleness": self.version - self.pulled_at[j], "t_s": time.perf_counter() - self.t0})

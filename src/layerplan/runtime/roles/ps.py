@@ -13,7 +13,7 @@ and receives P·4; server j receives and sends n_w × |shard j|·4.
 from __future__ import annotations
 
 from layerplan.runtime.layout import ps_shards
-from layerplan.runtime.roles import RoleBase, flat_grads, flat_params, set_params, tag
+from layerplan.runtime.roles import RoleBase, flat_grads, flat_params, set_params, summed, tag
 
 PUSH, PULL = 0, 1
 
@@ -38,6 +38,7 @@ class Worker(RoleBase):
             loss = F.cross_entropy(self.model(x), y)
             loss.backward()
             g = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
+        self.meter.mark("fwd_bwd")  # the schedule's task (strategies/ps.py) that ends here
         new = self.scratch("params", g.shape, g.dtype)
         works = []
         for (a, b), srv in zip(self.shards, self.servers):
@@ -77,12 +78,11 @@ class Server(RoleBase):
         works = [self.irecv(buf, w, tag(s, PUSH)) for buf, w in zip(bufs, self.workers)]
         self.wait(works)
         with self.meter.compute():
-            g = self.scratch("grad", shape, dtype).copy_(bufs[0])
-            for buf in bufs[1:]:
-                g += buf
-            self.shard.grad = g.div_(len(self.workers))
+            g = summed(bufs, self.scratch("grad", shape, dtype))
+            self.shard.grad = g.div_(len(bufs)) if len(bufs) > 1 else g
             self.opt.step()
             out = self.shard.detach()
+        self.meter.mark("update")  # the schedule's task (strategies/ps.py) that ends here
         works = [self.isend(out, w, tag(s, PULL)) for w in self.workers]
         self.wait(works)
 

@@ -26,7 +26,7 @@ the PS worker n_w times that.
 
 from __future__ import annotations
 
-from layerplan.runtime.roles import RoleBase, flat_grads, flat_params, set_grads, set_params, tag
+from layerplan.runtime.roles import RoleBase, flat_grads, flat_params, set_grads, set_params, summed, tag
 
 ACT, ACT_GRAD, HEAD_GRAD, HEAD_PARAMS = 0, 1, 2, 3
 
@@ -113,10 +113,7 @@ class PsWorker(RoleBase):
         if self.n_head:
             self.wait(hg_works)
             with self.meter.compute():
-                g = self.scratch("head_grad", (self.n_head,), self.head_params[0].dtype).copy_(hgrads[0])
-                for other in hgrads[1:]:
-                    g += other
-                set_grads(self.head_params, g)
+                set_grads(self.head_params, summed(hgrads, self.scratch("head_grad", (self.n_head,), self.head_params[0].dtype)))
         self.wait(sends)
         with self.meter.compute():
             self.opt.step()
