@@ -1386,7 +1386,7 @@ def summary_lines(result: dict) -> list[str]:
            + ("" if not c.get("update_bandwidth") else " (by parameter bytes: " + ", ".join(
                f"{units.format_bytes(b)} {units.format_bytes(r)}/s" for b, r in c["update_bandwidth"]) + ")")]
           if "mem_bandwidth_bytes_per_s" in c else []),
-        *([f"memory bandwidth (sum of two gradients, 1 thread) by parameter bytes: " + ", ".join(
+        *(["memory bandwidth (sum of two gradients, 1 thread) by parameter bytes: " + ", ".join(
             f"{units.format_bytes(b)} {units.format_bytes(r)}/s" for b, r in c["sum_bandwidth"])]
           if c.get("sum_bandwidth") else []),
         f"link ({ln['where']}): latency {f(ln['latency_s'], units.format_seconds)}, "
@@ -1649,10 +1649,15 @@ def _flat_update_s(params: int) -> float:
     p.grad = torch.randn_like(p)
     opt = sgd([p], lr=1e-3, momentum=0.9)
     opt.step()  # creates the momentum buffer
+    return _lowest_s(opt.step)
+
+
+def _lowest_s(fn, calls: int = 5) -> float:
+    """Seconds of the fastest of ``calls`` calls of ``fn``."""
     best = math.inf
-    for _ in range(5):
+    for _ in range(calls):
         t0 = time.perf_counter()
-        opt.step()
+        fn()
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -1669,13 +1674,8 @@ def _sum_bytes_per_s(params: int) -> float:
     import torch
 
     a, b, out = torch.randn(max(1, params)), torch.randn(max(1, params)), torch.empty(max(1, params))
-    torch.add(a, b, out=out)
-    best = math.inf
-    for _ in range(5):
-        t0 = time.perf_counter()
-        torch.add(a, b, out=out)
-        best = min(best, time.perf_counter() - t0)
-    return 3 * params * 4 / best
+    torch.add(a, b, out=out)  # warm-up: the pages of out
+    return 3 * params * 4 / _lowest_s(lambda: torch.add(a, b, out=out))
 
 
 def _sum_curve() -> list[list[float]]:

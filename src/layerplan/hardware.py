@@ -120,7 +120,7 @@ class DeviceSpec:
     sum_bandwidth: tuple[tuple[float, float], ...] = ()
     """(parameter bytes, bytes/s) of adding two gradients of that many bytes into a third (3 passes
     over them, ``runtime.roles.summed``), as ``layerplan calibrate`` measures it: a server summing
-    what its workers pushed. This machine: 0.6–0.9 of the SGD update's bandwidth at the same size.
+    what its workers pushed. This machine: 0.6–0.8 of the SGD update's bandwidth from 8 MiB up.
     ``sum_bytes_per_s`` interpolates it; empty: the update's."""
 
     def __post_init__(self) -> None:

@@ -146,7 +146,8 @@ def sum_passes(gradients: int, averaged: bool = False, copied: bool = False) -> 
     """Passes over the parameter bytes (each a read or a write of all of them) a server makes to
     sum the ``gradients`` it received (``runtime.roles.summed``: per add, read two and write one;
     one gradient is used as it came) and, ``averaged``, to divide the sum by their number, and,
-    ``copied``, to copy it into the parameters' gradients (a read and a write each)."""
+    ``copied``, to copy it into the parameters' gradients (a read and a write each) — PALEO §3.1.1's
+    R + W terms of these elementwise passes."""
     if gradients <= 1:
         return 2 if copied else 0
     return 3 * (gradients - 1) + (2 if averaged else 0) + (2 if copied else 0)
