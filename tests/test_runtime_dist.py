@@ -326,9 +326,11 @@ def test_a_failing_rank_is_reported_in_one_line(tmp_path):
     (tmp_path / "file").write_text("not a directory")
     spec = make_spec(tmp_path, "debug", "ps", {"workers": 2}, 3, steps=2).replace(params_out=str(tmp_path / "file"))
     with pytest.raises(RunError) as e:
-        launch_local(spec, start="fork")
+        launch_local(spec, start="fork", run_dir=tmp_path / "run")
     msg = str(e.value)
     assert msg.startswith("rank ") and "exited with code 1" in msg and "FileExistsError" in msg and "\n" not in msg
+    # the failed run keeps its logs where the message says
+    assert msg.endswith(f"logs in {tmp_path / 'run'}") and "FileExistsError" in (tmp_path / "run" / "rank0.log").read_text()
 
 
 def test_bad_input_fails_before_any_process_starts(tmp_path):
