@@ -392,6 +392,20 @@ def test_summary_reports_the_speed_range():
     assert validate.summarize([row("a", "ps", 1.0, 1.1)])["speed_range"] is None
 
 
+def test_summary_reports_the_rows_that_ran_at_calibration_speed_apart():
+    rows = [{**row("a", "ps", 1.0, 1.1), "speed": 0.95}, {**row("a", "stanza", 1.0, 0.95), "speed": 1.0},
+            {**row("b", "ps", 1.0, 2.0), "speed": 0.5}]
+    s = validate.summarize(rows)
+    assert s["slow_rows"] == 1
+    steady = s["steady_rows"]
+    assert steady["configurations"] == 2  # the slowed row's 50% is not among them
+    assert steady["max_abs_error"] == pytest.approx(max(abs(r["error"]) for r in rows[:2]))
+    assert steady["max_abs_error"] < s["max_abs_error"]
+    # nothing slowed, or no probes: no separate figure
+    assert validate.summarize(rows[:2])["steady_rows"] is None
+    assert validate.summarize([row("a", "ps", 1.0, 1.1)])["steady_rows"] is None
+
+
 def test_the_summary_prints_each_rates_link_as_measured():
     import io
 
