@@ -401,6 +401,8 @@ def test_summary_reports_the_rows_that_ran_at_calibration_speed_apart():
     assert steady["configurations"] == 2  # the slowed row's 50% is not among them
     assert steady["max_abs_error"] == pytest.approx(max(abs(r["error"]) for r in rows[:2]))
     assert steady["max_abs_error"] < s["max_abs_error"]
+    # every row slowed: none to show
+    assert validate.summarize([{**r, "speed": 0.5} for r in rows])["steady_rows"]["configurations"] == 0
     # nothing slowed, or no probes: no separate figure
     assert validate.summarize(rows[:2])["steady_rows"] is None
     assert validate.summarize([row("a", "ps", 1.0, 1.1)])["steady_rows"] is None

@@ -657,14 +657,16 @@ def steady_errors(rows: list[dict]) -> dict[str, Any] | None:
     calibration's: what the model does while the machine ran as calibrated (on a host-slowed VM,
     one full run's 56 such rows erred 4.7% at the median where all 127 erred 5.1%, another's 8.0%
     against 16.6%). None where no row has a probe, or none ran slowed (the overall figures say it)."""
-    speeds = [r.get("speed") for r in rows]
-    if not any(speeds) or all(x is None or x >= SLOW_SPEED for x in speeds):
+    probed = [r for r in rows if r.get("speed") is not None]
+    if all(r["speed"] >= SLOW_SPEED for r in probed):
         return None
-    errs = [abs(r["error"]) for r in rows if r.get("speed") is not None and r["speed"] >= SLOW_SPEED]
-    if not errs:
-        return {"configurations": 0, "median_abs_error": None, "p90_abs_error": None, "max_abs_error": None}
-    return {"configurations": len(errs), "median_abs_error": statistics.median(errs),
-            "p90_abs_error": percentile(errs, 90), "max_abs_error": max(errs)}
+    return error_figures([abs(r["error"]) for r in probed if r["speed"] >= SLOW_SPEED])
+
+
+def error_figures(errs: list[float]) -> dict[str, Any]:
+    """How many |errors| and their median, p90 and max (None where there are none)."""
+    return {"configurations": len(errs), "median_abs_error": statistics.median(errs) if errs else None,
+            "p90_abs_error": percentile(errs, 90) if errs else None, "max_abs_error": max(errs, default=None)}
 
 
 def run_spread(r: dict) -> float:
@@ -678,8 +680,7 @@ def by_strategy(rows: list[dict]) -> dict[str, dict[str, Any]]:
     groups: dict[str, list[float]] = {}
     for r in rows:
         groups.setdefault(r["strategy"], []).append(abs(r["error"]))
-    return {k: {"configurations": len(v), "median_abs_error": statistics.median(v), "p90_abs_error": percentile(v, 90),
-                "max_abs_error": max(v)} for k, v in groups.items()}
+    return {k: error_figures(v) for k, v in groups.items()}
 
 
 def speedups(rows: list[dict]) -> list[dict]:
