@@ -408,6 +408,24 @@ def test_summary_reports_the_rows_that_ran_at_calibration_speed_apart():
     assert validate.summarize([row("a", "ps", 1.0, 1.1)])["steady_rows"] is None
 
 
+def test_summary_reports_how_late_the_runs_reached_their_marked_points():
+    marks = lambda fb, up: {"worker": {"fwd_bwd": fb}, "server": {"update": up}}  # noqa: E731
+    rows = [{**row("a", "ps", 1.0, 0.8), "measured_marks_s": marks(0.6, 0.9), "predicted_marks_s": marks(0.4, 0.9)},
+            {**row("a", "stanza", 1.0, 0.9), "rate": "10Gbit", "measured_marks_s": {"worker": {"fwd_bwd": 0.5}},
+             "predicted_marks_s": {"worker": {"fwd_bwd": 0.25, "other": 0.1}}},
+            row("b", "ps", 1.0, 1.0)]  # no marks: not counted
+    # the median over a row's points: (1.5 + 1.0) / 2; a point only measured or predicted is left out
+    assert validate.marks_ratio(rows[0]) == pytest.approx(1.25)
+    assert validate.marks_ratio(rows[1]) == pytest.approx(2.0)
+    assert validate.marks_ratio(rows[2]) is None
+    assert validate.marks_ratio({**rows[0], "predicted_marks_s": marks(0.0, 0.0)}) is None
+    pace = validate.summarize(rows)["marks_pace"]
+    assert pace["rows"] == 2 and pace["median"] == pytest.approx(1.625)
+    assert pace["by_rate"]["1Gbit"]["median"] == pytest.approx(1.25)
+    assert pace["by_rate"]["10Gbit"] == {"rows": 1, "median": 2.0, "p10": 2.0, "p90": 2.0}
+    assert validate.summarize(rows[2:])["marks_pace"] is None
+
+
 def test_the_summary_prints_each_rates_link_as_measured():
     import io
 
