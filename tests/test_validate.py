@@ -424,6 +424,13 @@ def test_summary_reports_how_late_the_runs_reached_their_marked_points():
     assert pace["by_rate"]["1Gbit"]["median"] == pytest.approx(1.25)
     assert pace["by_rate"]["10Gbit"] == {"rows": 1, "median": 2.0, "p10": 2.0, "p90": 2.0}
     assert validate.summarize(rows[2:])["marks_pace"] is None
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    validate.print_summary({"summary": validate.summarize(rows), "rows": rows}, Console(file=out, width=400))
+    assert "a median 1.62× their predicted time (p10–p90 1.32–1.93×; 1Gbit 1.25×, 10Gbit 2.00×)" in out.getvalue()
 
 
 def test_the_summary_prints_each_rates_link_as_measured():

@@ -680,7 +680,7 @@ def marks_pace(rows: list[dict]) -> dict[str, Any] | None:
     (``speed``) reads the machine as calibrated and the marks still come late, the cores ran slower
     under the runs than at calibration: in one full run, alexnet_cifar's and resnet_cifar's rows at
     1 and 10 Gbit/s reached their marks a median 1.19-1.58× their predicted time while the probe read
-    0.93-0.97× (their step times erred -23% to -37%). None where no row has marks."""
+    0.93-0.97× (their step times erred a median -23% to -37%). None where no row has marks."""
     def figures(ratios: list[float]) -> dict[str, Any]:
         return {"rows": len(ratios), "median": statistics.median(ratios),
                 "p10": percentile(ratios, 10), "p90": percentile(ratios, 90)}
