@@ -276,7 +276,8 @@ over a few seconds of them."""
 RATE_OVERHEAD_S = 60.0
 """Seconds a rate costs besides its rows: bringing the emulated cluster up and down, and timing its
 link (messages, the duplex all-reduce, the flows' lead: ``measure_link``, ``measure_duplex``,
-``measure_flow_lead``). validate.json's ``rate_wall_s`` less its rows' ``wall_s`` is what it took."""
+``measure_flow_lead``; unsteady link measurements taken again add up to 50 s: ``LINK_TRIES``).
+validate.json's ``rate_wall_s`` less its rows' ``wall_s`` is what it took."""
 ROW_OVERHEAD_S = 2.0
 """Seconds a configuration costs besides its runs: the speed probes around it (three, 0.55-0.61 s
 each), its predictions (7 s for 126 rows) and the JSON written after it."""
@@ -812,6 +813,54 @@ def reduce_cpu_s_per_byte(m: dict, message_cpu_s_per_byte: float | None = None) 
     return max(0.0, m["allreduce_cpu_s"] / m["bytes"] - 2.0 * message_cpu_s_per_byte)
 
 
+LINK_STEADY, DUPLEX_STEADY = 0.95, 0.94
+"""A rate's link measurements are steady where the messages' payload (``measure_link``'s median)
+reached this share of the line rate, and the duplex measurement's message that one. TCP over
+Ethernet carries at most 1448 of each 1514 bytes (0.956), and a steady machine reached it: 0.954-
+0.956 at 100 Mbit/s, 1 and 10 Gbit/s over five full runs (the duplex message 0.950-0.957). Where
+something else had the machine, its sender fell behind: one run read 0.945 / 0.85 / 0.81 with 13.2 /
+4.7 / 1.18 ns of CPU a byte against 3.6-5.2 / 1.0-1.3 / 0.8-0.9, and its 1 Gbit/s rows were
+predicted a median 5.5% slow (DDP vgg16_cifar with 4 workers 42%: 3.22 s against 2.1-2.3 s in the
+other runs, measured 2.27 s)."""
+LINK_TRIES, LINK_WAIT_S = 3, 10.0
+"""Unsteady link measurements are taken again, ``LINK_WAIT_S`` later, up to ``LINK_TRIES`` in all;
+the steadiest are kept (``link_steadiness``)."""
+
+
+def link_steadiness(rate_bytes_per_s: float, link_rate: float, duplex: dict | None) -> float:
+    """How far the rate's link measurements fall short of steady: the least of the messages'
+    payload share of the line rate over ``LINK_STEADY`` and the duplex message's over
+    ``DUPLEX_STEADY`` (1 or more: steady; 1 where neither was measured)."""
+    shares = [link_rate / rate_bytes_per_s / LINK_STEADY] if link_rate else []
+    if duplex and duplex.get("p2p_s"):
+        shares.append(duplex["bytes"] / duplex["p2p_s"] / rate_bytes_per_s / DUPLEX_STEADY)
+    return min(shares, default=1.0)
+
+
+def measure_rate_links(emu, progress: Callable[[str], None] | None = None,
+                       sleep: Callable[[float], None] = time.sleep) -> dict:
+    """The rate's link measurements (``measure_link``, ``emulate.measure_duplex``), taken again
+    while unsteady (``LINK_TRIES``, ``LINK_WAIT_S``): {"cpu_s_per_byte", "rate_bytes_per_s",
+    "duplex", "tries": the steadiness of each try}, the steadiest try's figures."""
+    from layerplan.runtime import emulate
+
+    best, tries = None, []
+    for i in range(LINK_TRIES):
+        if i:
+            if progress:
+                progress(f"the link measurements read {tries[-1]:.2f} of steady (something else had the "
+                         f"machine): again in {LINK_WAIT_S:g} s ({i + 1} of {LINK_TRIES})")
+            sleep(LINK_WAIT_S)
+        cpu, rate = measure_link(emu)
+        duplex = emulate.measure_duplex(emu, seconds=DUPLEX_S, repeats=DUPLEX_REPEATS)
+        tries.append(link_steadiness(emu.rate_bytes_per_s, rate, duplex))
+        if best is None or tries[-1] > best[0]:
+            best = (tries[-1], cpu, rate, duplex)
+        if tries[-1] >= 1.0:
+            break
+    return {"cpu_s_per_byte": best[1], "rate_bytes_per_s": best[2], "duplex": best[3], "tries": tries}
+
+
 def measure_link(emu) -> tuple[float, float]:
     """The emulated link at its rate, as gloo messages between two hosts cross it (the median of a
     few measurements): (CPU seconds per byte, both ends; payload bytes per second)."""
@@ -900,8 +949,11 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             continue
         t_rate = time.monotonic()
         with emulate.running(hosts, rate, EMULATION_NAME) as emu:
-            link_cpu, link_rate = measure_link(emu) if track else (None, None)
-            duplex = emulate.measure_duplex(emu, seconds=DUPLEX_S, repeats=DUPLEX_REPEATS) if track else None
+            link_cpu, link_rate, duplex, link_tries = None, None, None, None
+            if track:  # LINK_STEADY: measured again where something else had the machine
+                links = measure_rate_links(emu, progress)
+                link_cpu, link_rate, duplex, link_tries = (links["cpu_s_per_byte"], links["rate_bytes_per_s"],
+                                                           links["duplex"], links["tries"])
             lead = emulate.measure_flow_lead(emu) if track and emu.hosts >= 3 else None
             for c in batch:
                 sized = sizing_step_s(c, emu, calibrated, matrix)
@@ -924,6 +976,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                             after = speed_probe(ROW_PROBE_WINDOW_S, threads=2)
                             row.update(speed=probe / speed_reference, probe_flops_per_s=probe,
                                        link_cpu_s_per_byte=link_cpu, link_payload_bytes_per_s=link_rate,
+                                       link_tries=link_tries,
                                        link_duplex=duplex, link_flow_lead=lead, load_speed=min(load, after) / load_reference,
                                        load_probe_flops_per_s=load, load_after_flops_per_s=after)
                         return row
@@ -1139,7 +1192,10 @@ def print_summary(doc: dict, con=None) -> None:
                   f"(efficiency {r['link_efficiency']:.3f}), each direction {r['link_duplex_efficiency']:.3f} of it "
                   f"with both busy, {1e9 * r['link_cpu_s_per_byte']:.1f} ns of CPU per byte"
                   + (f", flows leaving a host together: the first leads by √({r['link_flow_lead_bytes'] / 1e3:.0f} kB·S)"
-                     if r.get("link_flow_lead") else ""))
+                     if r.get("link_flow_lead") else "")
+                  + (f"; measured {len(r['link_tries'])} times, the steadiest kept (steadiness "
+                     + " / ".join(f"{t:.2f}" for t in r["link_tries"]) + ": something else had the machine)"
+                     if len(r.get("link_tries") or ()) > 1 else ""))
     if s.get("best_among_close_fraction") is not None and s["best_match_fraction"] is not None \
             and s["best_among_close_fraction"] > s["best_match_fraction"]:
         con.print(f"  the measured best was the predicted best or one predicted within the model's median |error| "
