@@ -431,6 +431,11 @@ def test_summary_reports_how_late_the_runs_reached_their_marked_points():
     out = io.StringIO()
     validate.print_summary({"summary": validate.summarize(rows), "rows": rows}, Console(file=out, width=400))
     assert "a median 1.62× their predicted time (p10–p90 1.32–1.93×; 1Gbit 1.25×, 10Gbit 2.00×)" in out.getvalue()
+    assert "the calibration described a machine 1.62× as fast as the one the rows ran on" in out.getvalue()
+    on_time = [{**r, "measured_marks_s": r["predicted_marks_s"]} for r in rows[:2]]
+    out = io.StringIO()
+    validate.print_summary({"summary": validate.summarize(on_time), "rows": on_time}, Console(file=out, width=400))
+    assert "a median 1.00× their predicted time" in out.getvalue() and "described a machine" not in out.getvalue()
 
 
 def test_the_summary_prints_each_rates_link_as_measured():
@@ -451,7 +456,8 @@ def test_the_summary_prints_each_rates_link_as_measured():
     rows = [{**rows[0], "link_tries": [0.85, 1.003]}]  # measured again (LINK_STEADY): said so
     out = io.StringIO()
     validate.print_summary({"summary": validate.summarize(rows), "rows": rows}, Console(file=out, width=300))
-    assert "4.0 ns of CPU per byte; measured 2 times, the steadiest kept (steadiness 0.85 / 1.00" in out.getvalue()
+    assert "4.0 ns of CPU per byte; measured 2 times, the steadiest kept (of a steady link's payload rate: " \
+           "0.850 / 1.003" in out.getvalue()
 
 
 def test_a_rows_measured_flow_lead_enters_its_prediction():
@@ -639,7 +645,7 @@ def test_unsteady_link_measurements_are_taken_again_and_the_steadiest_kept(monke
 
     emu = emulate.Emulated(name="t", hosts=2, rate_bytes_per_s=1.25e8, subnet=0)
     steady_duplex = {"bytes": 2.5e8, "p2p_s": 2.09}  # 0.957 of the line rate
-    links = iter([(4.7e-9, 1.06e8), (1.3e-9, 1.18e8), (1.0e-9, 1.195e8)])  # 0.85, 0.94, 0.956 of it
+    links = iter([(4.7e-9, 1.06e8), (1.3e-9, 1.15e8), (1.0e-9, 1.195e8)])  # 0.85, 0.92, 0.956 of it
     duplexes = iter([{"bytes": 2.5e8, "p2p_s": 2.5}, steady_duplex, steady_duplex])
     monkeypatch.setattr(validate, "measure_link", lambda e: next(links))
     monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: next(duplexes))
@@ -647,9 +653,9 @@ def test_unsteady_link_measurements_are_taken_again_and_the_steadiest_kept(monke
     got = validate.measure_rate_links(emu, said.append, sleep=waits.append)
     assert got["cpu_s_per_byte"] == 1.0e-9 and got["rate_bytes_per_s"] == 1.195e8 and got["duplex"] is steady_duplex
     assert len(got["tries"]) == 3 and got["tries"][0] < got["tries"][1] < 1.0 <= got["tries"][2]
-    assert waits == [validate.LINK_WAIT_S] * 2 and len(said) == 2 and "0.85 of steady" in said[0]
+    assert waits == [validate.LINK_WAIT_S] * 2 and len(said) == 2 and "0.870 of a steady link's payload rate" in said[0]
 
-    links = iter([(1.3e-9, 1.18e8), (4.7e-9, 1.06e8), (5.0e-9, 1.05e8)])  # never steady: the best of three
+    links = iter([(1.3e-9, 1.15e8), (4.7e-9, 1.06e8), (5.0e-9, 1.05e8)])  # never steady: the best of three
     duplexes = iter([steady_duplex] * 3)
     got = validate.measure_rate_links(emu, sleep=lambda s: None)
     assert got["cpu_s_per_byte"] == 1.3e-9 and len(got["tries"]) == 3 and max(got["tries"]) < 1.0
