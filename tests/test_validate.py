@@ -456,7 +456,7 @@ def test_the_summary_prints_each_rates_link_as_measured():
     rows = [{**rows[0], "link_tries": [0.85, 1.003]}]  # measured again (LINK_STEADY): said so
     out = io.StringIO()
     validate.print_summary({"summary": validate.summarize(rows), "rows": rows}, Console(file=out, width=300))
-    assert "4.0 ns of CPU per byte; measured 2 times, the steadiest kept (of a steady link's payload rate: " \
+    assert "4.0 ns of CPU per byte; measured 2 times, the steadiest kept (of steady, payload 0.93 of the line rate: " \
            "0.850 / 1.003" in out.getvalue()
 
 
@@ -653,7 +653,7 @@ def test_unsteady_link_measurements_are_taken_again_and_the_steadiest_kept(monke
     got = validate.measure_rate_links(emu, said.append, sleep=waits.append)
     assert got["cpu_s_per_byte"] == 1.0e-9 and got["rate_bytes_per_s"] == 1.195e8 and got["duplex"] is steady_duplex
     assert len(got["tries"]) == 3 and got["tries"][0] < got["tries"][1] < 1.0 <= got["tries"][2]
-    assert waits == [validate.LINK_WAIT_S] * 2 and len(said) == 2 and "0.870 of a steady link's payload rate" in said[0]
+    assert waits == [validate.LINK_WAIT_S] * 2 and len(said) == 2 and "0.870 of steady (payload 0.93 of the line rate)" in said[0]
 
     links = iter([(1.3e-9, 1.15e8), (4.7e-9, 1.06e8), (5.0e-9, 1.05e8)])  # never steady: the best of three
     duplexes = iter([steady_duplex] * 3)

@@ -854,7 +854,7 @@ def measure_rate_links(emu, progress: Callable[[str], None] | None = None,
     for i in range(LINK_TRIES):
         if i:
             if progress:
-                progress(f"the link measurements read {tries[-1]:.3f} of a steady link's payload rate "
+                progress(f"the link measurements read {tries[-1]:.3f} of steady (payload {LINK_STEADY:g} of the line rate) "
                          f"(something else had the machine): again in {LINK_WAIT_S:g} s ({i + 1} of {LINK_TRIES})")
             sleep(LINK_WAIT_S)
         cpu, rate = measure_link(emu)
@@ -1204,7 +1204,7 @@ def print_summary(doc: dict, con=None) -> None:
                   f"with both busy, {1e9 * r['link_cpu_s_per_byte']:.1f} ns of CPU per byte"
                   + (f", flows leaving a host together: the first leads by √({r['link_flow_lead_bytes'] / 1e3:.0f} kB·S)"
                      if r.get("link_flow_lead") else "")
-                  + (f"; measured {len(r['link_tries'])} times, the steadiest kept (of a steady link's payload rate: "
+                  + (f"; measured {len(r['link_tries'])} times, the steadiest kept (of steady, payload {LINK_STEADY:g} of the line rate: "
                      + " / ".join(f"{t:.3f}" for t in r["link_tries"]) + "; something else had the machine)"
                      if len(r.get("link_tries") or ()) > 1 else ""))
     if s.get("best_among_close_fraction") is not None and s["best_match_fraction"] is not None \
