@@ -224,3 +224,32 @@ def test_the_device_this_cpu_resolves_or_says_why_not(monkeypatch):
     real = hardware.this_cpu()
     if real is not None:  # a Linux machine
         assert hardware.device("This-CPU") == real == hardware.local_device()
+
+
+def test_a_device_at_another_speed_computes_every_layer_at_that_speed():
+    """At 0.8× its calibrated pace a device takes 1/0.8 of every measured layer time, at every
+    batch and along its line, and reaches 0.8 of its efficiencies (never above 1); memory stays."""
+    from dataclasses import replace
+
+    from conftest import layer
+    from layerplan.cost.compute import layer_time_s
+
+    p = hardware.ProfiledLayer(key="k", fwd_fixed_s=1e-3, fwd_per_sample_s=1e-4, bwd_fixed_s=0.045,
+                               bwd_per_sample_s=7.8e-4, batches=(16, 32), fwd_s=(2.6e-3, 4.2e-3), bwd_s=(0.0646, 0.0806))
+    dev = replace(hardware.device("cpu-core"), compute_efficiency=0.6, fc_efficiency=0.9, profiled_layers=(p,))
+    slow = dev.at_speed(0.8)
+    q = slow.profiled("k")
+    for batch in (8, 16, 24, 32, 128):
+        for phase in ("fwd", "bwd"):
+            assert q.time_s(batch, phase) == pytest.approx(p.time_s(batch, phase) / 0.8)
+    assert slow.compute_efficiency == pytest.approx(0.48) and slow.fc_efficiency == pytest.approx(0.72)
+    assert slow.update_bytes_per_s(1e6) == dev.update_bytes_per_s(1e6)
+    fast = dev.at_speed(1.25)
+    assert fast.compute_efficiency == pytest.approx(0.75) and fast.fc_efficiency == 1.0  # capped
+    assert dev.at_speed(1.0) is dev
+    conv = layer("c", "conv", params=0, out=(1,), fwd=10**10)  # no profile: its FLOPs at the efficiency
+    assert layer_time_s(conv, slow, 16, direction="fwd") == pytest.approx(
+        layer_time_s(conv, dev, 16, direction="fwd") / 0.8, rel=1e-6)
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(SpecError, match="speed"):
+            dev.at_speed(bad)

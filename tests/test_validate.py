@@ -315,6 +315,69 @@ def test_a_rows_measured_link_cpu_enters_its_prediction():
     assert dear["predicted_step_s"] > cheap["predicted_step_s"]
 
 
+def test_the_pace_is_the_median_load_probe_of_the_rows_before():
+    """A row's pace: the median ``load_speed`` of the last PACE_PROBES rows run before it that have
+    one (rows without a probe, the presets' or older ones', skipped); None before any."""
+    n = validate.PACE_PROBES
+    assert validate.pace([]) is None and validate.pace([{"load_speed": None}, {}]) is None
+    rows = [{"load_speed": 1.0}] * 3 + [{}] + [{"load_speed": 0.7}] * n
+    assert validate.pace(rows[:3]) == {"speed": 1.0, "probes": 3}
+    assert validate.pace(rows[:6]) == {"speed": 1.0, "probes": 5}  # 1, 1, 1, 0.7, 0.7
+    assert validate.pace(rows) == {"speed": 0.7, "probes": n}  # the older steady rows out of the window
+    paced = validate.paced_rows(rows[:3])
+    assert [r["pace"] for r in paced] == [None, {"speed": 1.0, "probes": 1}, {"speed": 1.0, "probes": 2}]
+
+
+def test_a_row_is_predicted_at_the_machines_pace():
+    """At pace 0.5 the device computes at half its calibrated speed: a slower step, the prediction
+    as calibrated kept beside it (``calibrated_step_s``, ``calibrated_error``); pace 1 changes nothing
+    and a row without one has neither."""
+    r, emu, cal = _calibrated_row()
+    r = {**r, "rate": "10Gbit", "rate_bytes_per_s": 1.25e9}  # the compute weighs more than the link
+    emu = type(emu)(name="t", hosts=2, rate_bytes_per_s=1.25e9, subnet=1)
+    plain = validate.prediction(r, emu, cal)
+    assert "calibrated_step_s" not in plain and "calibrated_error" not in plain
+    half = validate.prediction({**r, "pace": {"speed": 0.5, "probes": 8}}, emu, cal)
+    assert half["calibrated_step_s"] == pytest.approx(plain["predicted_step_s"])
+    assert half["calibrated_error"] == pytest.approx(plain["error"])
+    assert plain["predicted_step_s"] * 1.3 < half["predicted_step_s"] <= plain["predicted_step_s"] * 2.0 + 1e-9
+    assert half["preset_predicted_step_s"] == plain["preset_predicted_step_s"]  # the presets know no pace
+    same = validate.prediction({**r, "pace": {"speed": 1.0, "probes": 8}}, emu, cal)
+    assert same["predicted_step_s"] == pytest.approx(plain["predicted_step_s"])
+    assert validate.prediction({**r, "pace": {"speed": 0.5, "probes": 8}}, emu, None)["predicted_step_s"] == \
+        validate.prediction(r, emu, None)["predicted_step_s"]  # presets only: no pace
+
+
+def test_repredicting_paces_each_row_by_the_rows_before_it(tmp_path):
+    """``repredict`` with the run's own calibration paces every row by the probes of the rows before
+    it (rows of an older run, which had no pace, too); told another calibration it paces none; the
+    summary gives the paces and the figures as calibrated, and prints them."""
+    import io
+
+    from rich.console import Console
+
+    r, emu, cal = _calibrated_row()
+    doc = {"rows": [{**r, "load_speed": 1.0, "measured_step_s": 1.0, "measured_throughput": 32.0},
+                    {**r, "load_speed": 0.5, "measured_step_s": 1.2, "measured_throughput": 32 / 1.2},
+                    {**r, "load_speed": 0.5, "measured_step_s": 1.5, "measured_throughput": 32 / 1.5,
+                     "pace": {"speed": 3.0, "probes": 1}}]}
+    new = validate.repredict(doc, cal)
+    assert [x["pace"] for x in new["rows"]] == [None, {"speed": 1.0, "probes": 1}, {"speed": 0.75, "probes": 2}]
+    assert "calibrated_step_s" not in new["rows"][0] and new["rows"][2]["calibrated_step_s"] < new["rows"][2]["predicted_step_s"]
+    s = new["summary"]
+    assert s["pace"] == {"rows": 2, "median": 0.875, "min": 0.75, "max": 1.0, "probes": validate.PACE_PROBES}
+    assert s["as_calibrated"]["configurations"] == 3
+    assert s["as_calibrated"]["median_abs_error"] == pytest.approx(
+        statistics.median(abs(x.get("calibrated_error", x["error"])) for x in new["rows"]))
+    out = io.StringIO()
+    validate.print_summary(new, Console(file=out, width=400))
+    assert "predicted at the machine's pace" in out.getvalue() and "(0.75–1.00×, median 0.88×" in out.getvalue()
+    other = validate.repredict(new, cal, paced=False)  # another calibration: no pace, none left over
+    assert all("pace" not in x and "calibrated_step_s" not in x for x in other["rows"])
+    assert "pace" not in other["summary"] and "as_calibrated" not in other["summary"]
+    assert other["rows"][2]["predicted_step_s"] == pytest.approx(new["rows"][2]["calibrated_step_s"])
+
+
 def test_the_reduction_costs_what_the_links_all_reduce_measured():
     m = {"bytes": 100e6, "p2p_s": 0.1, "allreduce_s": 0.15, "p2p_cpu_s": 0.08}
     assert validate.reduce_cpu_s_per_byte(m) is None  # an older row: no CPU figures

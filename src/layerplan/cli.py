@@ -513,7 +513,8 @@ def _validate_repredict(args: argparse.Namespace, out) -> int:
         calibrated = cluster_from_dict(doc["calibrated_cluster"], str(previous))
     else:
         calibrated = None
-    new = validate.repredict(doc, calibrated)
+    # the rows' probes read the machine against the run's own calibration: its pace, not another's
+    new = validate.repredict(doc, calibrated, paced=not args.calibration)
     from pathlib import Path
 
     target = Path(args.repredict_out) if args.repredict_out else out / "repredicted"
@@ -598,7 +599,8 @@ def _register_closed_loop(sub) -> None:
                    help="keep the rows (and the calibration) of DIR/validate.json and run only what is missing")
     p.add_argument("--repredict", action="store_true",
                    help="run nothing: predict DIR/validate.json's measured rows again with the current model (and "
-                        "--calibration FILE, or the stored calibration, or --presets-only); writes DIR/repredicted/")
+                        "--calibration FILE, or the stored calibration — each row at the machine's pace its "
+                        "probes read —, or --presets-only); writes DIR/repredicted/")
     p.add_argument("--repredict-out", metavar="DIR2", help="with --repredict: write here instead of DIR/repredicted")
     p.add_argument("--budget", type=float, metavar="MIN",
                    help="minutes the whole command may take, calibration included (default: --quick 9.5, --full 43): "

@@ -161,6 +161,23 @@ class DeviceSpec:
             return self.update_bytes_per_s(param_bytes)
         return _by_size(self.sum_bandwidth, param_bytes)
 
+    def at_speed(self, speed: float) -> "DeviceSpec":
+        """This device computing at ``speed`` × the pace it was calibrated at (a machine whose
+        other tenants took a share of its cores since): every measured layer time over ``speed``
+        and the efficiencies times it (at most 1) — PALEO's layer time C = FLOPs / (peak · PPP_comp)
+        (§3.1.1 eq. 1) with the PPP the machine gives now. Memory bandwidths stay as measured."""
+        if not (math.isfinite(speed) and speed > 0):
+            raise SpecError(f"device {self.name!r}: a speed must be a positive number, got {speed!r}")
+        if speed == 1.0:
+            return self
+        layers = tuple(replace(p, fwd_fixed_s=p.fwd_fixed_s / speed, fwd_per_sample_s=p.fwd_per_sample_s / speed,
+                               bwd_fixed_s=p.bwd_fixed_s / speed, bwd_per_sample_s=p.bwd_per_sample_s / speed,
+                               fwd_s=tuple(t / speed for t in p.fwd_s), bwd_s=tuple(t / speed for t in p.bwd_s))
+                       for p in self.profiled_layers)
+        fc = None if self.fc_efficiency is None else min(1.0, self.fc_efficiency * speed)
+        return replace(self, compute_efficiency=min(1.0, self.compute_efficiency * speed), fc_efficiency=fc,
+                       profiled_layers=layers)
+
     @property
     def achieved_flops_per_s(self) -> float:
         return self.peak_flops_per_s * self.compute_efficiency

@@ -429,7 +429,8 @@ def scored(pred: dict, meas: float) -> dict[str, Any]:
     """A prediction's errors against the measured step ``meas`` (calibrated and presets) and the
     efficiency against its lower bound, each where ``pred`` has its figure."""
     out: dict[str, Any] = {}
-    for name, field in (("error", "predicted_step_s"), ("preset_error", "preset_predicted_step_s")):
+    for name, field in (("error", "predicted_step_s"), ("preset_error", "preset_predicted_step_s"),
+                        ("calibrated_error", "calibrated_step_s")):
         if pred.get(field) is not None:
             out[name] = (pred[field] - meas) / meas if meas > 0 else None
     if "lower_bound_s" in pred:
@@ -452,7 +453,9 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     (``link_payload_bytes_per_s``), that over the line rate is the link's efficiency; where it has
     the link measured both ways at once (``link_duplex``), ``duplex_efficiency`` fits it (and,
     where it has the CPU of both, ``reduce_cpu_s_per_byte`` replaces the calibration's); where it
-    has flows from one host measured (``link_flow_lead``), its ``flow_lead_bytes``."""
+    has flows from one host measured (``link_flow_lead``), its ``flow_lead_bytes``; where it has
+    the machine's ``pace``, the device computes at that speed (``DeviceSpec.at_speed``), and the
+    prediction without it is kept as ``calibrated_step_s`` (its error ``calibrated_error``)."""
     from layerplan.runtime.predict import predict_run, timeline_marks
     from layerplan.runtime.run_spec import RunSpec
 
@@ -472,6 +475,10 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
                                                                                                  cluster)))
     if calibrated and row.get("link_flow_lead"):  # how the link shares flows that leave a host together
         cluster = replace(cluster, nic=replace(cluster.nic, flow_lead_bytes=row["link_flow_lead"]["flow_lead_bytes"]))
+    as_calibrated = None
+    if calibrated and (row.get("pace") or {}).get("speed"):
+        as_calibrated = predict_run(spec, cluster)
+        cluster = replace(cluster, device=cluster.device.at_speed(row["pace"]["speed"]))
     pred = predict_run(spec, cluster)
     preset = predict_run(spec, preset_cluster) if calibrated else pred
     meas = row["measured_step_s"]
@@ -490,18 +497,26 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     }
     if row.get("measured_marks_s"):  # the same points of the predicted step
         out["predicted_marks_s"] = timeline_marks(pred, row["measured_marks_s"])
+    if as_calibrated is not None:
+        out["calibrated_step_s"] = as_calibrated["step_time_s"]
     return {**out, **scored(out, meas)}
 
 
-def repredict(doc: dict, calibrated: hardware.ClusterSpec | None) -> dict:
+PACE_FIELDS = ("pace", "calibrated_step_s", "calibrated_error")
+
+
+def repredict(doc: dict, calibrated: hardware.ClusterSpec | None, paced: bool = True) -> dict:
     """A validate result's measured rows predicted again — with the current model and
-    ``calibrated`` (None: the presets) — without running anything."""
+    ``calibrated`` (None: the presets) — without running anything. ``paced``: each row at the pace
+    of the rows before it (``pace``, from their ``load_speed``: the probes read against the
+    calibration the run made; another calibration was made at another pace, so pass False)."""
     from layerplan.runtime import emulate
     from layerplan.runtime.layout import world_size
     from layerplan.runtime.run_spec import RunSpec
 
     rows = []
-    for r in doc["rows"]:
+    before = [{k: v for k, v in r.items() if k not in PACE_FIELDS} for r in doc["rows"]]
+    for r in (paced_rows(before) if paced and calibrated else before):
         if "run_config" not in r:  # rows of an older layerplan: the matrix's config for the row
             label = r.get("label", r["strategy"])
             g = int(label.split("=")[1].rstrip(")")) if r["strategy"] == "groups" else None
@@ -640,6 +655,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "slow_rows": sum(1 for x in speeds if x < SLOW_SPEED),
         "steady_rows": steady_errors(rows),
         "marks_pace": marks_pace(rows),
+        **paced_figures(rows),
         "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "best_match_fraction": (sum(b["match"] for b in best) / len(best)) if best else None,
         "best_within_run_spread": sum(b["within_run_spread"] for b in best),
@@ -663,6 +679,32 @@ def steady_errors(rows: list[dict]) -> dict[str, Any] | None:
     if all(r["speed"] >= SLOW_SPEED for r in probed):
         return None
     return error_figures([abs(r["error"]) for r in probed if r["speed"] >= SLOW_SPEED])
+
+
+def pace(before: list[dict]) -> dict[str, Any] | None:
+    """The machine's pace for the next row (``PACE_PROBES``): the median ``load_speed`` of the last
+    PACE_PROBES rows of ``before`` (in the order they ran) that have one, and how many; None where
+    none has."""
+    speeds = [r["load_speed"] for r in before if r.get("load_speed")][-PACE_PROBES:]
+    return {"speed": statistics.median(speeds), "probes": len(speeds)} if speeds else None
+
+
+def paced_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` (in the order they ran) each with the ``pace`` of the rows before it."""
+    return [{**r, "pace": pace(rows[:i])} for i, r in enumerate(rows)]
+
+
+def paced_figures(rows: list[dict]) -> dict[str, Any]:
+    """Where rows were predicted at the machine's pace (``pace``): the paces' range and median
+    (``pace``) and the |error| figures of the predictions as calibrated, without it
+    (``as_calibrated``); nothing where none was."""
+    paces = [r["pace"]["speed"] for r in rows if r.get("calibrated_step_s") is not None]
+    if not paces:
+        return {}
+    errs = [abs(r["calibrated_error"] if r.get("calibrated_error") is not None else r["error"]) for r in rows]
+    return {"pace": {"rows": len(paces), "median": statistics.median(paces), "min": min(paces), "max": max(paces),
+                     "probes": PACE_PROBES},
+            "as_calibrated": error_figures(errs)}
 
 
 def marks_ratio(row: dict) -> float | None:
@@ -766,6 +808,15 @@ their predicted time, the summary says the calibration no longer describes the m
 5.3% and 4.0% at the median (against 15.3% and 18.2%); 0.95-1.01× in runs that met their figures."""
 SLOW_SPEED = 0.9
 """A row whose speed probe read below this is flagged: the machine was busy with something else."""
+PACE_PROBES = 8
+"""A row is predicted with the calibration's compute at the machine's pace (``pace``): the median
+``load_speed`` (both cores' probe against its calibration-time reading) of the PACE_PROBES rows run
+before it, none of its own. This host's other tenants move its speed by 10-30% for stretches of
+minutes: over nine full runs repredicted so, the median |error| of the four whose machine left the
+calibration's speed went from 12.4-18.2% to 3.1-6.5% (a fifth, 12.7% to 9.9%: its probe read 0.92×
+while its steps ran 1.22× long), of the four that held it from 3.1-5.1% to 3.2-5.0%. One thread's
+probe (``speed``) moved a third as far as the steps did; the two-core probe's median over the rate,
+4, 5 or 12 rows before, or that of both probes' geometric mean did no better."""
 DISTURBED_LOAD = 0.8
 """A row whose probe of both cores (``load_speed``: before or after its run, the lower) read below
 this share of its calibration-time figure is run once more and the steadier run kept. Another
@@ -889,7 +940,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     record of the machine's drift. It is not applied: one thread's speed overstates how a run's
     speed moves (in one full run the probe read 1.06-1.20× for 91 rows whose steps ran a median 3%
     faster than predicted, not 10-20%). The same probe on two threads at once (both cores loaded,
-    as the runs load them) against ``load_reference`` is the row's ``load_speed``, also a record.
+    as the runs load them) against ``load_reference`` is the row's ``load_speed``; the rows before
+    a row give its ``pace`` (``PACE_PROBES``), the speed its prediction computes at.
 
     ``deadline`` (``time.monotonic()``'s clock: when the command started plus ``matrix.budget_s``):
     the rows measure fewer seconds of steps where they would not end by it (``fit_target_s``)."""
@@ -995,6 +1047,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                         rerun_left_s -= row["wall_s"]
                         row, other = sorted((row, probed_run()), key=lambda r: r["load_speed"], reverse=True)
                         row = {**row, "disturbed_runs": 1, "disturbed_step_s": other["measured_step_s"]}
+                    if track:  # PACE_PROBES: the machine's pace over the rows before this one
+                        row["pace"] = pace(rows)
                     rows.append({**row, **prediction(row, emu, calibrated)})
                 except RunError as e:  # one failed configuration is reported, the matrix goes on
                     reason = f"failed: {e}"
@@ -1178,7 +1232,8 @@ def print_summary(doc: dict, con=None) -> None:
     if s.get("speed_range"):
         lo, hi = s["speed_range"]
         con.print(f"  one thread of this machine ran at {lo:.2f}–{hi:.2f}× its calibration-time speed "
-                  "(probed before every row: `speed`; predictions use the calibration as it is)")
+                  "(probed before every row: `speed`" + ("" if s.get("pace") else
+                                                         "; predictions use the calibration as it is") + ")")
         if s.get("slow_rows"):
             con.print(f"  [yellow]{s['slow_rows']} row(s) ran while the machine was below {SLOW_SPEED:g}× that speed "
                       "(something else took the CPU): their errors measure that too[/]")
@@ -1186,6 +1241,12 @@ def print_summary(doc: dict, con=None) -> None:
             if st and st["configurations"]:
                 con.print(f"  the {st['configurations']} row(s) at {SLOW_SPEED:g}× or above: median |error| "
                           f"{pc(st['median_abs_error'])}, p90 {pc(st['p90_abs_error'])}, max {pc(st['max_abs_error'])}")
+    if s.get("pace"):
+        p, a = s["pace"], s["as_calibrated"]
+        con.print(f"  predicted at the machine's pace: the calibration's compute at the speed both cores' probe read "
+                  f"around the {p['probes']} rows before each ({p['min']:.2f}–{p['max']:.2f}×, median "
+                  f"{p['median']:.2f}× its calibration-time reading: `pace`); as calibrated, without it: median "
+                  f"|error| {pc(a['median_abs_error'])}, p90 {pc(a['p90_abs_error'])}, max {pc(a['max_abs_error'])}")
     pace = s.get("marks_pace")
     if pace:
         con.print(f"  the runs reached their steps' marked points (end of forward/backward, of the update, ...) a median "
