@@ -452,6 +452,8 @@ def test_speed_probe_on_one_thread_and_on_loaded_cores():
     two = calibrate.speed_probe(window_s=0.05, threads=2)
     assert one > 0 and two > 0 and math.isfinite(one) and math.isfinite(two)
     assert torch.get_num_threads() == threads  # restored
+    mem = calibrate.memory_probe(window_s=0.02)  # seconds of a memory-bound call, two threads at once
+    assert 0 < mem < 1 and torch.get_num_threads() == threads
 
 
 def test_an_emulated_calibration_keeps_the_links_measured_flow_lead():

@@ -447,6 +447,31 @@ def test_the_link_measured_both_ways_gives_its_duplex_efficiency():
     assert 1.04 < slower["predicted_step_s"] / plain["predicted_step_s"] < 1.07
 
 
+def test_the_predicted_best_is_named_at_one_speed_not_at_each_rows_pace():
+    """stanza's row was paced 0.8× (its prediction 1.25× its calibrated 0.9 s), DDP's 1.0×: at their
+    paces DDP looks faster, but as ``plan`` ranks them, at one speed, stanza is the predicted best."""
+    stanza = {**row("a", "stanza", 1.0, 1.125), "calibrated_step_s": 0.9, "pace": {"speed": 0.8, "probes": 8}}
+    ddp = {**row("a", "allreduce", 1.05, 1.0), "calibrated_step_s": 1.0, "pace": {"speed": 1.0, "probes": 8}}
+    assert validate.planned_throughput(stanza) == pytest.approx(32 / 0.9)
+    assert validate.planned_throughput(row("a", "ps", 1.0, 2.0)) == pytest.approx(16)  # unpaced: as predicted
+    sc = validate.summarize([stanza, ddp])["scenarios"][0]
+    assert sc["predicted_best"] == "stanza" and sc["match"] and sc["predicted_margin"] == pytest.approx(1 / 0.9 - 1)
+    assert [r["strategy"] for r in validate.contenders([stanza, ddp])] == ["stanza", "allreduce"]
+
+
+def test_repeatability_is_how_far_each_run_landed_from_the_step_its_row_keeps():
+    first = {**row("a", "ps", 0.040, 0.041), "global_batch": 32, "steps_measured": 30, "wall_s": 3.0}
+    twice = validate.merge_runs(first, {**first, "measured_step_s": 0.044})  # kept 0.042: both runs 1/21 off
+    thrice = validate.merge_runs(validate.merge_runs(first, {**first, "measured_step_s": 0.050}),
+                                 {**first, "measured_step_s": 0.041})  # kept the median 0.041
+    rep = validate.summarize([twice, {**thrice, "strategy": "stanza"}, row("a", "allreduce", 0.1, 0.1)])["repeatability"]
+    devs = sorted([0.002 / 0.042] * 2 + [0.001 / 0.041, 0.009 / 0.041, 0.0])
+    assert rep["rows"] == 2 and rep["runs"] == 5  # the row run once has no spread to show
+    assert rep["median"] == pytest.approx(statistics.median(devs)) and rep["max"] == pytest.approx(0.009 / 0.041)
+    assert devs[-2] <= rep["p90"] <= devs[-1]
+    assert validate.summarize([row("a", "ps", 1.0, 1.1)])["repeatability"] is None
+
+
 def test_summary_reports_the_speed_range():
     rows = [{**row("a", "ps", 1.0, 1.1), "speed": 0.9}, {**row("a", "stanza", 1.0, 0.95), "speed": 1.1}]
     assert validate.summarize(rows)["speed_range"] == [0.9, 1.1]
@@ -687,13 +712,19 @@ def test_a_row_run_while_the_cores_were_disturbed_runs_again_and_the_steadier_ru
     monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
     monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
     monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: 30e9 if threads == 1 else next(loads))
+    mems = iter([0.003, 0.006, 0.002, 0.003, 0.003, 0.004])  # seconds a call, before and after each run
+    monkeypatch.setattr(calibrate, "memory_probe", lambda window_s=0.1, threads=2: next(mems))
     monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
         "predicted_step_s": 0.5, "error": 0.0, "preset_error": 0.0, "predicted_throughput": 64.0})
     m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("ps", "allreduce"),
                         target_s=20.0, max_steps=30, decide_s=0.0)
     cal = hardware.resolve_cluster("local-cpu")
-    doc = validate.validate(m, tmp_path, cal, speed_reference=30e9, load_reference=29e9)
+    doc = validate.validate(m, tmp_path, cal, speed_reference=30e9, load_reference=29e9, memory_reference=0.003)
     rows = {r["strategy"]: r for r in doc["rows"]}
+    # the memory probe's slower reading around the run kept against the reference: a record
+    assert rows["ps"]["memory_speed"] == pytest.approx(1.0) and rows["allreduce"]["memory_speed"] == pytest.approx(0.75)
+    assert doc["memory_reference_s"] == 0.003 and next(mems, None) is None
+    assert doc["summary"]["memory_speed"] == {"rows": 2, "median": pytest.approx(0.875), "min": 0.75, "max": 1.0}
     assert rows["ps"]["measured_step_s"] == 0.5 and rows["ps"]["disturbed_step_s"] == 0.9
     assert rows["ps"]["disturbed_runs"] == 1 and rows["ps"]["load_speed"] == pytest.approx(1.0)
     assert rows["allreduce"]["measured_step_s"] == 0.2 and "disturbed_runs" not in rows["allreduce"]

@@ -1534,6 +1534,62 @@ def speed_probe(window_s: float = PROBE_WINDOW_S, threads: int = 1) -> float:
         torch.set_num_threads(before)
 
 
+MEMORY_PROBE_WINDOW_S = 0.1
+
+
+def memory_probe(window_s: float = MEMORY_PROBE_WINDOW_S, threads: int = 2) -> float:
+    """Seconds of a memory-bound call now, the median over ``threads`` threads running it at once
+    (one core each, as a run's ranks load the shared cores) for ``window_s``: batch norm, ReLU and
+    a residual add, forward and backward, over a 2 MB activation (resnet_cifar's first stage at a
+    batch of 32) — the work ``speed_probe``'s convolution and matrix product do not time. A host's
+    other tenants can slow the caches and memory without slowing those: in host-slowed full runs
+    the rows of resnet_cifar, rich in such layers, ran up to 1.3× as long as both cores' compute
+    probe said. ``validate`` records it around every row (``memory_speed``) against its reading
+    at calibration time."""
+    import statistics
+    import threading
+
+    import torch
+    from torch import nn
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+
+        def make():
+            bn = nn.BatchNorm2d(16)
+            x = torch.randn(32, 16, 32, 32, generator=gen, requires_grad=True)
+
+            def call() -> None:
+                (torch.relu(bn(x)) + x).sum().backward()
+            return call
+
+        calls = [make() for _ in range(threads)]
+        for c in calls:  # warm-up
+            c()
+        times: list[list[float]] = [[] for _ in calls]
+
+        def loop(j: int, end: float) -> None:
+            while True:
+                t0 = time.perf_counter()
+                calls[j]()
+                t1 = time.perf_counter()
+                times[j].append(t1 - t0)
+                if t1 >= end:
+                    return
+
+        end = time.perf_counter() + window_s
+        workers = [threading.Thread(target=loop, args=(j, end)) for j in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return statistics.median(t for ts in times for t in ts)
+    finally:
+        torch.set_num_threads(before)
+
+
 def _probe_worker(cfg: dict) -> None:
     """``speed_probe`` on ``cfg["threads"]`` threads at every "probe" line of stdin, until "stop"."""
     speed_probe(0.05, threads=cfg["threads"])  # torch imported, the calls warmed up

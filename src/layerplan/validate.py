@@ -216,6 +216,17 @@ first in the first round and the fastest first in the next (drift within a round
 ends alike); a scenario whose contenders a round leaves more than DECIDE_WITHIN apart is decided."""
 
 
+def planned_throughput(row: dict) -> float:
+    """The throughput a scenario's predicted best is named by: as calibrated (``calibrated_step_s``,
+    before the machine's pace, where the row has one), every configuration at one speed as ``plan``
+    ranks them before anything runs — the pace each row is predicted at (``pace``) moves with the
+    rows before it, and so would a near-tie's verdict (over eleven full runs the rows' own paces and
+    one speed named the measured best in 123 of 198 scenarios alike, not always the same ones)."""
+    if row.get("calibrated_step_s") and row.get("predicted_step_s"):
+        return row["predicted_throughput"] * row["predicted_step_s"] / row["calibrated_step_s"]
+    return row["predicted_throughput"]
+
+
 def contenders(rows: list[dict]) -> list[dict]:
     """One scenario's rows that ``validate`` runs again to decide which is fastest: those measured
     within DECIDE_WITHIN of the fastest (at most DECIDE_CONTENDERS), and the predicted best with the
@@ -225,7 +236,7 @@ def contenders(rows: list[dict]) -> list[dict]:
     close = [r for r in rs[:DECIDE_CONTENDERS] if r["measured_step_s"] <= rs[0]["measured_step_s"] * (1 + DECIDE_WITHIN)]
     predicted = [r for r in rs if r.get("predicted_throughput") is not None]
     if len(predicted) > 1:  # the predicted best as ``summarize`` names it
-        best = max(predicted, key=lambda r: r["predicted_throughput"])
+        best = max(predicted, key=planned_throughput)
         rival = next(r for r in rs if r is not best)
         lo, hi = sorted((best["measured_step_s"], rival["measured_step_s"]))
         if hi <= lo * (1 + DECIDE_CHECK_WITHIN):
@@ -527,7 +538,7 @@ def repredict(doc: dict, calibrated: hardware.ClusterSpec | None, paced: bool = 
         rows.append({**r, **prediction(r, emu, calibrated)})
     return {"summary": summarize(rows), "rows": rows, "skipped": doc.get("skipped", []),
             "calibrated_cluster": calibrated.to_dict() if calibrated else None,
-            **{k: v for k, v in doc.items() if k.startswith(("speed_", "load_"))}}
+            **{k: v for k, v in doc.items() if k.startswith(("speed_", "load_", "memory_"))}}
 
 
 def sizing_step_s(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix) -> float:
@@ -620,7 +631,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
     for key, rs in scenarios.items():
         if len(rs) < 2:
             continue
-        p = max(rs, key=lambda r: r["predicted_throughput"])
+        p = max(rs, key=planned_throughput)  # as ``plan`` would rank them: at one speed
         m = max(rs, key=lambda r: r["measured_throughput"])
         pl, ml = p.get("label", p["strategy"]), m.get("label", m["strategy"])
         # the runner-up by prediction, and every configuration predicted within the model's median
@@ -629,11 +640,11 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         # 2-3% either way: over twelve full runs the measured best was groups(g=4) 5 times,
         # groups(g=2) 4, DDP 2 and hybrid once, never the predicted stanza
         # (by throughput, as the best is named: a scenario's configurations need not step the same samples)
-        others = sorted((r for r in rs if r is not p), key=lambda r: r["predicted_throughput"], reverse=True)
-        top = others[0]["predicted_throughput"]
-        margin = p["predicted_throughput"] / top - 1.0 if top > 0 else math.inf
+        others = sorted((r for r in rs if r is not p), key=planned_throughput, reverse=True)
+        top = planned_throughput(others[0])
+        margin = planned_throughput(p) / top - 1.0 if top > 0 else math.inf
         close = [r.get("label", r["strategy"]) for r in others
-                 if r["predicted_throughput"] * (1 + resolution) >= p["predicted_throughput"]]
+                 if planned_throughput(r) * (1 + resolution) >= planned_throughput(p)]
         # what following the prediction costs: the predicted best's measured throughput short of the best's
         loss = 1.0 - p["measured_throughput"] / m["measured_throughput"] if m["measured_throughput"] > 0 else 0.0
         # how far apart the two runs of either configuration were (rows run twice: REPEAT_BELOW_S)
@@ -655,6 +666,9 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "slow_rows": sum(1 for x in speeds if x < SLOW_SPEED),
         "steady_rows": steady_errors(rows),
         "marks_pace": marks_pace(rows),
+        "repeatability": repeatability(rows),
+        "memory_speed": (lambda xs: {"rows": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+                         if xs else None)([r["memory_speed"] for r in rows if r.get("memory_speed")]),
         **paced_figures(rows),
         "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "best_match_fraction": (sum(b["match"] for b in best) / len(best)) if best else None,
@@ -749,6 +763,21 @@ def run_spread(r: dict) -> float:
     """(max − min) / mean of a row's runs' steps (``measured_runs_s``); 0 for a row run once."""
     runs = r.get("measured_runs_s") or []
     return (max(runs) - min(runs)) / statistics.fmean(runs) if len(runs) > 1 else 0.0
+
+
+def repeatability(rows: list[dict]) -> dict[str, Any] | None:
+    """How far a configuration's runs land from the step its row keeps (``measured_runs_s``: rows
+    run more than once — the short ones, REPEAT_BELOW_S, and the contenders run again to decide,
+    DECIDE_WITHIN): the rows, the runs, and the median, p90 and max of |run / kept step − 1|. The
+    same configuration measured minutes apart on the same machine: a floor under the |error|
+    figures that no model of the configuration can go below (in seven full runs on this shared
+    VM, a median 2.0–3.8%, p90 4.7–11.5%, max 13–31%). None where no row ran twice."""
+    devs = [abs(t / r["measured_step_s"] - 1.0) for r in rows if len(r.get("measured_runs_s") or ()) > 1
+            and r["measured_step_s"] > 0 for t in r["measured_runs_s"]]
+    if not devs:
+        return None
+    return {"rows": sum(1 for r in rows if len(r.get("measured_runs_s") or ()) > 1), "runs": len(devs),
+            "median": statistics.median(devs), "p90": percentile(devs, 90), "max": max(devs)}
 
 
 def by_strategy(rows: list[dict]) -> dict[str, dict[str, Any]]:
@@ -930,7 +959,8 @@ def measure_link(emu) -> tuple[float, float]:
 def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | None = None,
              progress: Callable[[str], None] | None = None, skip: Callable[[Case, str], None] | None = None,
              done: Iterable[dict] = (), speed_reference: float | None = None,
-             load_reference: float | None = None, deadline: float | None = None) -> dict:
+             load_reference: float | None = None, deadline: float | None = None,
+             memory_reference: float | None = None) -> dict:
     """Run the matrix; returns {"summary", "rows", "skipped"} and writes validate.json + plots.
     ``done``: rows measured before (``--resume``); configurations among them are not run again.
 
@@ -941,7 +971,9 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     speed moves (in one full run the probe read 1.06-1.20× for 91 rows whose steps ran a median 3%
     faster than predicted, not 10-20%). The same probe on two threads at once (both cores loaded,
     as the runs load them) against ``load_reference`` is the row's ``load_speed``; the rows before
-    a row give its ``pace`` (``PACE_PROBES``), the speed its prediction computes at.
+    a row give its ``pace`` (``PACE_PROBES``), the speed its prediction computes at. A memory-bound
+    probe (``calibrate.memory_probe``) before and after it against ``memory_reference`` (seconds a
+    call; None: now) is the row's ``memory_speed``, a record (the slower reading).
 
     ``deadline`` (``time.monotonic()``'s clock: when the command started plus ``matrix.budget_s``):
     the rows measure fewer seconds of steps where they would not end by it (``fit_target_s``)."""
@@ -971,13 +1003,16 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 skip(c, str(e))
     track = calibrated is not None
     if track:
-        from layerplan.calibrate import speed_probe
+        from layerplan.calibrate import memory_probe, speed_probe
 
         if speed_reference is None:
             speed_reference = speed_probe()
         if load_reference is None:
             load_reference = speed_probe(threads=2)
-    meta = {"speed_reference_flops_per_s": speed_reference, "load_reference_flops_per_s": load_reference} if track else {}
+        if memory_reference is None:
+            memory_reference = memory_probe()
+    meta = {"speed_reference_flops_per_s": speed_reference, "load_reference_flops_per_s": load_reference,
+            "memory_reference_s": memory_reference} if track else {}
     rerun_left_s = math.inf  # for disturbed rows' second runs (RERUN_SHARE of a budget)
     planned_s: dict[str, float] = {}  # per rate, under a budget: its rows' estimated wall time and RATE_OVERHEAD_S
     if deadline is not None:  # fit the rows into what is left of the budget (Matrix.budget_s)
@@ -1026,11 +1061,16 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     progress(f"{c.model} {c.label} {c.workers}w {rate}")
                 try:
                     def probed_run() -> dict:
-                        """One run between speed probes: one thread's before, both cores' before and after."""
+                        """One run between speed probes: one thread's before, both cores' and the memory's
+                        before and after."""
                         probe = speed_probe(ROW_PROBE_WINDOW_S) if track else None
                         load = speed_probe(ROW_PROBE_WINDOW_S, threads=2) if track else None
+                        mem = memory_probe() if track else None
                         row = run_case(c, emu, calibrated, matrix, out_dir / "runs", sized)
                         if track:
+                            mem_after = memory_probe()
+                            row.update(memory_speed=memory_reference / max(mem, mem_after), memory_probe_s=mem,
+                                       memory_after_s=mem_after)
                             after = speed_probe(ROW_PROBE_WINDOW_S, threads=2)
                             row.update(speed=probe / speed_reference, probe_flops_per_s=probe,
                                        link_cpu_s_per_byte=link_cpu, link_payload_bytes_per_s=link_rate,
@@ -1247,6 +1287,15 @@ def print_summary(doc: dict, con=None) -> None:
                   f"around the {p['probes']} rows before each ({p['min']:.2f}–{p['max']:.2f}×, median "
                   f"{p['median']:.2f}× its calibration-time reading: `pace`); as calibrated, without it: median "
                   f"|error| {pc(a['median_abs_error'])}, p90 {pc(a['p90_abs_error'])}, max {pc(a['max_abs_error'])}")
+    mem = s.get("memory_speed")
+    if mem:
+        con.print(f"  a memory-bound probe (batch norm, ReLU and an add on both cores) read {mem['min']:.2f}–{mem['max']:.2f}× "
+                  f"(median {mem['median']:.2f}×) its calibration-time speed around the rows (`memory_speed`, a record)")
+    rep = s.get("repeatability")
+    if rep:
+        con.print(f"  repeatability: the {rep['rows']} configurations run more than once ({rep['runs']} runs) landed "
+                  f"a median {pc(rep['median'])}, p90 {pc(rep['p90'])}, max {pc(rep['max'])} from the step their row "
+                  "keeps — the same configuration, minutes apart: a floor under the |error| figures")
     pace = s.get("marks_pace")
     if pace:
         con.print(f"  the runs reached their steps' marked points (end of forward/backward, of the update, ...) a median "
