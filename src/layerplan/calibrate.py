@@ -1483,7 +1483,6 @@ def speed_probe(window_s: float = PROBE_WINDOW_S, threads: int = 1) -> float:
     load the shared cores), FLOP/s per thread of the median call — the speed of a loaded machine,
     which need not move with one thread's (turbo, shared caches, the host's other tenants)."""
     import statistics
-    import threading
 
     import torch
     from torch import nn
@@ -1509,29 +1508,40 @@ def speed_probe(window_s: float = PROBE_WINDOW_S, threads: int = 1) -> float:
         with FlopCounterMode(display=False) as counter:  # also the warm-up
             calls[0]()
         flops = counter.get_total_flops()
-        times: list[list[float]] = [[] for _ in calls]
-
-        def loop(j: int, end: float) -> None:
-            while True:
-                t0 = time.perf_counter()
-                calls[j]()
-                t1 = time.perf_counter()
-                times[j].append(t1 - t0)
-                if t1 >= end:
-                    return
-
-        end = time.perf_counter() + window_s
+        times = _timed_calls(calls, window_s)
         if threads == 1:
-            loop(0, end)
             return flops / min(times[0])
-        workers = [threading.Thread(target=loop, args=(j, end)) for j in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
         return flops / statistics.median(t for ts in times for t in ts)
     finally:
         torch.set_num_threads(before)
+
+
+def _timed_calls(calls: Sequence[Callable[[], None]], window_s: float) -> list[list[float]]:
+    """Each of ``calls`` on its own thread at once (on the caller's thread where there is one),
+    called over and over for ``window_s``: the seconds of each call, per thread."""
+    import threading
+
+    times: list[list[float]] = [[] for _ in calls]
+
+    def loop(j: int, end: float) -> None:
+        while True:
+            t0 = time.perf_counter()
+            calls[j]()
+            t1 = time.perf_counter()
+            times[j].append(t1 - t0)
+            if t1 >= end:
+                return
+
+    end = time.perf_counter() + window_s
+    if len(calls) == 1:
+        loop(0, end)
+        return times
+    workers = [threading.Thread(target=loop, args=(j, end)) for j in range(len(calls))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return times
 
 
 MEMORY_PROBE_WINDOW_S = 0.1
@@ -1547,7 +1557,6 @@ def memory_probe(window_s: float = MEMORY_PROBE_WINDOW_S, threads: int = 2) -> f
     probe said. ``validate`` records it around every row (``memory_speed``) against its reading
     at calibration time."""
     import statistics
-    import threading
 
     import torch
     from torch import nn
@@ -1568,24 +1577,7 @@ def memory_probe(window_s: float = MEMORY_PROBE_WINDOW_S, threads: int = 2) -> f
         calls = [make() for _ in range(threads)]
         for c in calls:  # warm-up
             c()
-        times: list[list[float]] = [[] for _ in calls]
-
-        def loop(j: int, end: float) -> None:
-            while True:
-                t0 = time.perf_counter()
-                calls[j]()
-                t1 = time.perf_counter()
-                times[j].append(t1 - t0)
-                if t1 >= end:
-                    return
-
-        end = time.perf_counter() + window_s
-        workers = [threading.Thread(target=loop, args=(j, end)) for j in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        return statistics.median(t for ts in times for t in ts)
+        return statistics.median(t for ts in _timed_calls(calls, window_s) for t in ts)
     finally:
         torch.set_num_threads(before)
 
