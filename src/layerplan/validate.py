@@ -667,8 +667,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "steady_rows": steady_errors(rows),
         "marks_pace": marks_pace(rows),
         "repeatability": repeatability(rows),
-        "memory_speed": (lambda xs: {"rows": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-                         if xs else None)([r["memory_speed"] for r in rows if r.get("memory_speed")]),
+        "memory_speed": speed_figures([r["memory_speed"] for r in rows if r.get("memory_speed")]),
         **paced_figures(rows),
         "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "best_match_fraction": (sum(b["match"] for b in best) / len(best)) if best else None,
@@ -712,13 +711,19 @@ def paced_figures(rows: list[dict]) -> dict[str, Any]:
     """Where rows were predicted at the machine's pace (``pace``): the paces' range and median
     (``pace``) and the |error| figures of the predictions as calibrated, without it
     (``as_calibrated``); nothing where none was."""
-    paces = [r["pace"]["speed"] for r in rows if r.get("calibrated_step_s") is not None]
+    paces = speed_figures([r["pace"]["speed"] for r in rows if r.get("calibrated_step_s") is not None])
     if not paces:
         return {}
     errs = [abs(r["calibrated_error"] if r.get("calibrated_error") is not None else r["error"]) for r in rows]
-    return {"pace": {"rows": len(paces), "median": statistics.median(paces), "min": min(paces), "max": max(paces),
-                     "probes": PACE_PROBES},
-            "as_calibrated": error_figures(errs)}
+    return {"pace": {**paces, "probes": PACE_PROBES}, "as_calibrated": error_figures(errs)}
+
+
+def speed_figures(speeds: list[float]) -> dict[str, Any] | None:
+    """How many speeds (ratios to a calibration-time reading) and their median, min and max; None
+    where there are none."""
+    if not speeds:
+        return None
+    return {"rows": len(speeds), "median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)}
 
 
 def marks_ratio(row: dict) -> float | None:
