@@ -215,7 +215,8 @@ measured faster. One run lands up to 10-12% from its row's mean (``repeatability
 full runs), so two rows' gap can move twice that: at 0.12 (until vf94) ten verdicts in five full
 runs stood on one run of each, the predicted best 13-17% behind its rival (vf94: alexnet_cifar and
 vgg16_cifar, 4 workers at 10 Gbit/s, hybrid behind groups(g=2), which ran 7% and 19% faster than
-predicted)."""
+predicted). vf95, at 0.2: 39 runs again to decide (vf94: 21), 15 of 18 scenarios' best predicted
+(vf94: 11), 40.2 min."""
 DECIDE_ROUNDS = 2
 """Rounds of runs again: each round runs every contender of every close scenario once, the slowest
 first in the first round and the fastest first in the next (drift within a round weighs on both
