@@ -211,7 +211,7 @@ to row, can turn it either way. In vf60, resnet_cifar at 4 workers and 10 Gbit/s
 (predicted 1% apart) measured 10.2% apart, ps 5.8% slower and ralp 6.0% faster than predicted; and
 at 1 Gbit/s stanza, its steps 15% slower than predicted, 8.9% behind groups(g=4) — both once. A
 match and a miss are checked alike: the predicted best against its closest rival, whichever
-measured faster. One run lands up to 10-12% from its row's mean (``repeatability``' p90 in four
+measured faster. One run lands up to 10-12% from its row's mean (``repeatability``'s p90 in four
 full runs), so two rows' gap can move twice that: at 0.12 (until vf94) ten verdicts in five full
 runs stood on one run of each, the predicted best 13-17% behind its rival (vf94: alexnet_cifar and
 vgg16_cifar, 4 workers at 10 Gbit/s, hybrid behind groups(g=2), which ran 7% and 19% faster than
