@@ -132,6 +132,7 @@ def test_cluster_file_round_trips_through_the_loader_and_the_cli(tmp_path, capsy
     assert hardware.resolve_cluster(str(path)) == spec
     assert spec.device.compute_efficiency == pytest.approx(result["compute"]["compute_efficiency"]["median"])
     assert spec.shared_cores == 2 and spec.nodes == 3 and spec.device.kind == "cpu"
+    assert spec.device.kernel_costs == ()  # its efficiencies were fitted without the preset's kernel costs
     assert spec.oversubscribed_wait_s == pytest.approx(0.6e-3)
     assert spec.oversubscribed_message_cpu_s == pytest.approx(0.55e-3)
     assert spec.shared_core_capacity == pytest.approx(1.81)  # the cores' worth of steps in lockstep

@@ -198,3 +198,69 @@ def test_fc_layers_use_their_own_efficiency_where_given():
     assert compute.layer_time_s(conv, slow, 8, direction="fwd", in_bytes=0) == pytest.approx(base_conv)
     with pytest.raises(Exception, match="fc_efficiency"):
         DeviceSpec(name="d", peak_flops_per_s=1e12, mem_bandwidth_bytes_per_s=1e9, memory_bytes=1e9, fc_efficiency=0)
+
+
+def test_kernel_costs_add_per_call_per_input_byte_and_weight_passes():
+    """hardware.KernelCost: what an op's kernel costs beyond R + C + W, by op, on devices that list it."""
+    from dataclasses import replace
+
+    from layerplan.hardware import KernelCost, ProfiledLayer
+
+    pool = layer("p", "pool", ("x",), out=(16, 4, 4))
+    fc = layer("f", "fc", ("x",), params=1000, out=(10,), fwd=2000)
+    cost = KernelCost(op="pool", fwd_fixed_s=1e-4, bwd_fixed_s=3e-4, fwd_s_per_input_byte=2e-9,
+                      bwd_s_per_input_byte=1e-9, bwd_weight_passes=2.0)
+    dev = replace(DEV, kernel_costs=(cost, KernelCost(op="fc", fwd_weight_passes=3.0)))
+    in_b = 16 * 8 * 8 * 4
+    for direction, extra in (("fwd", 1e-4 + 2e-9 * in_b * 32), ("bwd", 3e-4 + 1e-9 * in_b * 32)):
+        plain = compute.layer_time_s(pool, DEV, 32, direction=direction, in_bytes=in_b)
+        assert compute.layer_time_s(pool, dev, 32, direction=direction, in_bytes=in_b) == pytest.approx(plain + extra)
+    plain = compute.layer_time_s(fc, DEV, 8, direction="fwd", in_bytes=64)
+    assert compute.layer_time_s(fc, dev, 8, direction="fwd", in_bytes=64) == pytest.approx(plain + 3 * 4000 / MEM)
+    # an op without an entry, and a profiled layer, take none of it
+    relu = layer("r", "act", ("x",), out=(16, 4, 4))
+    assert compute.layer_time_s(relu, dev, 8, direction="bwd", in_bytes=1024) == compute.layer_time_s(
+        relu, DEV, 8, direction="bwd", in_bytes=1024)
+    key = compute.profile_key(pool, in_b)
+    profiled = replace(dev, profiled_layers=(ProfiledLayer(key=key, fwd_fixed_s=0.0, fwd_per_sample_s=1e-5,
+                                                           bwd_fixed_s=0.0, bwd_per_sample_s=2e-5),))
+    assert compute.layer_time_s(pool, profiled, 32, direction="fwd", in_bytes=in_b) == pytest.approx(32e-5)
+    # a device at half its pace takes twice the kernel's time, its weight passes at the memory's
+    half = dev.at_speed(0.5)
+    assert half.kernel_cost("pool").fwd_fixed_s == pytest.approx(2e-4)
+    assert half.kernel_cost("fc").fwd_weight_passes == 3.0
+
+
+def test_cpu_presets_carry_pytorchs_kernel_costs_and_gpus_none():
+    from layerplan import hardware
+
+    core = device("cpu-core")
+    assert {k.op for k in core.kernel_costs} == set(hardware.CPU_KERNEL_CYCLES)
+    pool = core.kernel_cost("MaxPool2d")
+    assert pool.fwd_s_per_input_byte == pytest.approx(hardware.CPU_KERNEL_CYCLES["MaxPool2d"][2] / 2.5e9)
+    faster = hardware.cpu_kernel_costs(5e9)
+    assert {k.op: k for k in faster}["MaxPool2d"].fwd_s_per_input_byte == pytest.approx(pool.fwd_s_per_input_byte / 2)
+    assert device("titan-x").kernel_costs == () and device("xeon-e5-2450-node").kernel_costs == ()
+    cpuinfo = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\n"
+               "model name\t: Intel(R) Xeon(R) CPU @ 2.00GHz\nflags\t\t: fpu avx avx2 fma avx512f\n")
+    this = hardware.this_cpu(cpuinfo)
+    assert this.kernel_cost("Dropout").fwd_fixed_s == pytest.approx(hardware.CPU_KERNEL_CYCLES["Dropout"][0] / 2e9)
+
+
+def test_kernel_costs_are_checked_and_survive_a_cluster_file(tmp_path):
+    from dataclasses import replace
+
+    from layerplan import hardware
+    from layerplan.errors import SpecError
+
+    with pytest.raises(SpecError, match="non-negative"):
+        hardware.KernelCost(op="ReLU", bwd_fixed_s=-1e-6)
+    with pytest.raises(SpecError, match="twice"):
+        replace(DEV, kernel_costs=(hardware.KernelCost(op="ReLU"), hardware.KernelCost(op="ReLU")))
+    spec = replace(hardware.cluster("local-cpu", nodes=2), device=device("cpu-core"))
+    path = tmp_path / "c.yaml"
+    hardware.save_cluster(spec, path)
+    assert hardware.load_cluster(path) == spec
+    path.write_text(path.read_text().replace("fwd_fixed_s: ", "fwd_fixed_s: -", 1))
+    with pytest.raises(SpecError, match="kernel cost .Conv2d.: fwd_fixed_s"):
+        hardware.load_cluster(path)

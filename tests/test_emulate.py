@@ -30,6 +30,7 @@ def test_cluster_spec_describes_the_emulation():
     emu = emulate.Emulated(name="x", hosts=4, rate_bytes_per_s=1e9 / 8, subnet=3)
     c = emu.cluster_spec(shared_cores=2)
     assert c.nodes == 4 and c.shared_cores == 2 and c.nic.bandwidth_bytes_per_s == 1e9 / 8
+    assert c.comm_cpu_s_per_byte == emulate.COMM_CPU_S_PER_BYTE > 0  # moving bytes costs the shared cores
     assert emu.address(0) == "10.77.3.1"
 
 

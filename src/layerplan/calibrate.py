@@ -361,7 +361,9 @@ def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
     (log_dir / "compute").mkdir(exist_ok=True)
     layers, alone, shared, (update_bw, update_curve, sum_curve) = _run_compute(cores, cfg, log_dir / "compute", advance)
     # the memory terms of the fit (PALEO §3.1.1 R, W) at this machine's measured bandwidth
-    device = replace(hardware.DEVICES[DEVICE_PRESET], mem_bandwidth_bytes_per_s=update_bw)
+    # efficiencies fitted as PALEO's eq.1 has them (its C = FLOPs / (peak · PPP)): the preset's
+    # kernel costs are its stand-in for what a calibration measures
+    device = replace(hardware.DEVICES[DEVICE_PRESET], mem_bandwidth_bytes_per_s=update_bw, kernel_costs=())
     per_thread = [_flops_per_s(layers, rep[0]) for rep in alone]
     shared_total = [sum(_flops_per_s(layers, t) for t in rep) for rep in shared]
     by_layer = {layer["key"]: spread([rep[0][layer["key"]] for rep in alone]) for layer in layers}
@@ -1272,7 +1274,7 @@ def to_cluster(result: dict, nodes: int | None = None) -> hardware.ClusterSpec:
     ``nodes``: default the emulated cluster's hosts, or one per core for ``local``."""
     try:
         comp, link = result["compute"], result["link"]
-        base = hardware.DEVICES[comp["device_preset"]]
+        base = replace(hardware.DEVICES[comp["device_preset"]], kernel_costs=())  # as fitted (measure_compute)
         eff = comp.get("conv_efficiency", comp["compute_efficiency"])["median"]
         fc_eff = comp["fc_efficiency"]["median"] if "fc_efficiency" in comp else None
         cores = result["machine"]["cores"]

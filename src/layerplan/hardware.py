@@ -82,6 +82,48 @@ class ProfiledLayer:
         return max(0.0, fixed + per * batch)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KernelCost:
+    """What a layer's kernel costs on a device beyond PALEO's R + C + W (§3.1.1 eq. 1), for the ops
+    whose library kernels are neither FLOP- nor bandwidth-bound: a cost per call (dispatch, the
+    autograd node, a primitive's setup), per byte of input (a max-pool's compares and index writes,
+    a dropout mask's random numbers, batch norm's statistics passes) and extra passes over the
+    weights (a CPU GEMM packs its weight matrix before it multiplies). PALEO §3.3 folds such costs
+    into one PPP per platform; a CPU core running PyTorch needs them per op
+    (``CPU_KERNEL_CYCLES``). ``cost.compute.layer_time_s`` adds them to layers the device has no
+    measured profile of."""
+
+    op: str
+    """The layer's op (``LayerSpec.op``: 'MaxPool2d', 'Dropout', ...)."""
+    fwd_fixed_s: float = 0.0
+    bwd_fixed_s: float = 0.0
+    fwd_s_per_input_byte: float = 0.0
+    bwd_s_per_input_byte: float = 0.0
+    fwd_weight_passes: float = 0.0
+    """Extra reads of the parameter bytes at the memory bandwidth, forward."""
+    bwd_weight_passes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.op, str) or not self.op:
+            raise SpecError(f"kernel cost: op must be a non-empty string, got {self.op!r}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name != "op" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+                raise SpecError(f"kernel cost {self.op!r}: {f.name} must be a non-negative number, got {v!r}")
+
+    def time_s(self, batch: int, direction: str, in_bytes: float, param_bytes: float, mem_bytes_per_s: float) -> float:
+        """Seconds this kernel adds for ``batch`` samples of ``in_bytes`` each."""
+        fwd = direction == "fwd"
+        fixed, per_byte, passes = ((self.fwd_fixed_s, self.fwd_s_per_input_byte, self.fwd_weight_passes) if fwd
+                                   else (self.bwd_fixed_s, self.bwd_s_per_input_byte, self.bwd_weight_passes))
+        return fixed + per_byte * in_bytes * batch + passes * param_bytes / mem_bytes_per_s
+
+    def at_speed(self, speed: float) -> "KernelCost":
+        return replace(self, fwd_fixed_s=self.fwd_fixed_s / speed, bwd_fixed_s=self.bwd_fixed_s / speed,
+                       fwd_s_per_input_byte=self.fwd_s_per_input_byte / speed,
+                       bwd_s_per_input_byte=self.bwd_s_per_input_byte / speed)
+
+
 @functools.lru_cache(maxsize=64)
 def _profile_index(profiled: tuple[ProfiledLayer, ...]) -> dict[str, ProfiledLayer]:
     return {p.key: p for p in profiled}
@@ -108,6 +150,9 @@ class DeviceSpec:
     """CPU cores behind this device (CPU devices), used when ranks share cores."""
     profiled_layers: tuple[ProfiledLayer, ...] = ()
     """Measured layer times (``layerplan calibrate``); layers not listed use the efficiencies."""
+    kernel_costs: tuple[KernelCost, ...] = ()
+    """Costs of ops' kernels beyond R + C + W (``KernelCost``), by op; the CPU core presets have
+    PyTorch's (``cpu_kernel_costs``). Measured profiles replace them; empty: none."""
     kind: str = "gpu"
     """'gpu' or 'cpu'."""
     note: str = ""
@@ -146,6 +191,13 @@ class DeviceSpec:
             object.__setattr__(self, "profiled_layers", tuple(self.profiled_layers))
         if not all(isinstance(p, ProfiledLayer) for p in self.profiled_layers):
             raise SpecError(f"device {self.name!r}: profiled_layers must be ProfiledLayer entries")
+        if not isinstance(self.kernel_costs, tuple):
+            object.__setattr__(self, "kernel_costs", tuple(self.kernel_costs))
+        if not all(isinstance(k, KernelCost) for k in self.kernel_costs):
+            raise SpecError(f"device {self.name!r}: kernel_costs must be KernelCost entries")
+        ops = [k.op for k in self.kernel_costs]
+        if len(set(ops)) != len(ops):
+            raise SpecError(f"device {self.name!r}: kernel_costs lists an op twice ({', '.join(sorted(ops))})")
 
     def update_bytes_per_s(self, param_bytes: float) -> float:
         """Memory bandwidth an SGD update of ``param_bytes`` of parameters sees: ``update_bandwidth``
@@ -176,7 +228,7 @@ class DeviceSpec:
                        for p in self.profiled_layers)
         fc = None if self.fc_efficiency is None else min(1.0, self.fc_efficiency * speed)
         return replace(self, compute_efficiency=min(1.0, self.compute_efficiency * speed), fc_efficiency=fc,
-                       profiled_layers=layers)
+                       profiled_layers=layers, kernel_costs=tuple(k.at_speed(speed) for k in self.kernel_costs))
 
     @property
     def achieved_flops_per_s(self) -> float:
@@ -185,6 +237,13 @@ class DeviceSpec:
     def profiled(self, key: str) -> "ProfiledLayer | None":
         """The measured entry for a ``cost.compute.profile_key``, or None."""
         return _profile_index(self.profiled_layers).get(key) if self.profiled_layers else None
+
+    def kernel_cost(self, op: str) -> KernelCost | None:
+        """The ``kernel_costs`` entry of ``op``, or None."""
+        for k in self.kernel_costs:
+            if k.op == op:
+                return k
+        return None
 
     def achieved_flops_per_s_for(self, kind: str) -> float:
         """FLOP/s reached on a layer of ``kind`` (LayerSpec.kind): fc_efficiency for "fc" where set."""
@@ -448,6 +507,9 @@ def _device_dict(d: DeviceSpec) -> dict[str, Any]:
                                "fwd_s": list(p.fwd_s), "bwd_s": list(p.bwd_s)} for p in d.profiled_layers]
     if not out["profiled_layers"]:
         del out["profiled_layers"]
+    out["kernel_costs"] = [{f.name: getattr(k, f.name) for f in fields(KernelCost)} for k in d.kernel_costs]
+    if not out["kernel_costs"]:
+        del out["kernel_costs"]
     return out
 
 
@@ -461,6 +523,38 @@ def _check_positive(obj: Any, names: tuple[str, ...]) -> None:
 # ---- presets ---------------------------------------------------------------------------------
 GB = 1e9
 GiB = 2.0**30
+
+CPU_KERNEL_CYCLES: dict[str, tuple[float, float, float, float, float, float]] = {
+    # op: (cycles a call forward, backward; cycles a byte of input forward, backward; extra weight passes forward, backward)
+    "Conv2d": (372e3, 567e3, 0.0, 0.0, 0.0, 0.0),
+    "Linear": (26e3, 192e3, 0.08, 0.52, 0.55, 0.6),
+    "BatchNorm2d": (26e3, 273e3, 1.12, 0.21, 0.0, 0.0),
+    "ReLU": (0.0, 156e3, 0.0, 0.11, 0.0, 0.0),
+    "Dropout": (122e3, 273e3, 8.6, 0.6, 0.0, 0.0),
+    "MaxPool2d": (70e3, 208e3, 4.4, 0.36, 0.0, 0.0),
+    "AdaptiveAvgPool2d": (16e3, 86e3, 0.0, 0.36, 0.0, 0.0),
+}
+"""PyTorch's CPU kernels beyond PALEO's R + C + W at a core's ``compute_efficiency`` (``KernelCost``),
+in clock cycles of one core: a non-negative least-squares fit (of relative error) of the measured
+excess over the cpu-core preset's layer times, over the profiled layers of vgg16_cifar,
+alexnet_cifar and resnet_cifar at batch 16–64 in two calibrations of a 2-core AVX-512 Xeon VM at
+2.6 GHz (1,100 layer times). Without them that preset took max-pooling forward at 0.03× its
+measured time (its compares and int64 index writes: 1.7 ns a byte of input), dropout forward at
+0.03× (a random number an element: 3.3 ns a byte), batch norm forward at 0.2× (statistics passes),
+every backward of an activation, norm or pooling 0.3–0.5× (≈ 60–105 µs an autograd node),
+resnet_cifar's narrow convolutions 0.8–0.9× (≈ 140 / 220 µs a call) and Linear layers 0.7× (a GEMM
+packs its weights first). With them, repredicted, the emulated cluster's presets-only median
+|error| over two full validations went 15.5 → 8.1% and 20.2 → 11.4% (README)."""
+
+
+def cpu_kernel_costs(clock_hz: float, cores: int = 1) -> tuple[KernelCost, ...]:
+    """``CPU_KERNEL_CYCLES`` as seconds on ``cores`` cores at ``clock_hz``."""
+    per_cycle = 1.0 / (clock_hz * cores)
+    return tuple(KernelCost(op=op, fwd_fixed_s=f * per_cycle, bwd_fixed_s=b * per_cycle,
+                            fwd_s_per_input_byte=fb * per_cycle, bwd_s_per_input_byte=bb * per_cycle,
+                            fwd_weight_passes=fw, bwd_weight_passes=bw)
+                 for op, (f, b, fb, bb, fw, bw) in CPU_KERNEL_CYCLES.items())
+
 
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d
@@ -493,9 +587,9 @@ DEVICES: dict[str, DeviceSpec] = {
                    memory_bytes=60 * GiB, cores=18, kind="cpu",
                    note="18 Haswell cores (Xeon E5-2666 v3) at 2.9 GHz × 32 FLOP/cycle (AVX2 FMA)"),
         DeviceSpec(name="cpu-core", peak_flops_per_s=160e9, mem_bandwidth_bytes_per_s=20 * GB, memory_bytes=8 * GiB,
-                   compute_efficiency=0.7, cores=1, kind="cpu",
-                   note="one AVX-512 core at ~2.5 GHz (64 FLOP/cycle); ~100-130 GFLOP/s measured on conv nets. "
-                        "Calibrate for a precise figure."),
+                   compute_efficiency=0.7, cores=1, kind="cpu", kernel_costs=cpu_kernel_costs(2.5e9),
+                   note="one AVX-512 core at ~2.5 GHz (64 FLOP/cycle); ~100-130 GFLOP/s measured on conv nets; "
+                        "PyTorch's per-op kernel costs. Calibrate for a precise figure."),
     ]
 }
 
@@ -581,7 +675,8 @@ def _proc_cpuinfo() -> str | None:
 def this_cpu(cpuinfo: str | None = None) -> DeviceSpec | None:
     """One core of this machine as a device, from /proc/cpuinfo (or ``cpuinfo``'s text) alone —
     no measurement: peak = ``cpu_flops_per_cycle`` × the nominal clock (the model name's
-    "@ x.xxGHz", else "cpu MHz"), ``CPU_EFFICIENCY`` of it; memory as the cpu-core preset's.
+    "@ x.xxGHz", else "cpu MHz"), ``CPU_EFFICIENCY`` of it, PyTorch's kernel costs at that clock
+    (``cpu_kernel_costs``); memory as the cpu-core preset's.
     None where the text does not say (not Linux, no clock)."""
     import re
 
@@ -605,9 +700,10 @@ def this_cpu(cpuinfo: str | None = None) -> DeviceSpec | None:
     widest = "avx512f" if "avx512f" in flags else "avx2"
     base = DEVICES["cpu-core"]
     return replace(base, name="this-cpu", peak_flops_per_s=per_cycle * clock_hz,
-                   compute_efficiency=CPU_EFFICIENCY[widest],
+                   compute_efficiency=CPU_EFFICIENCY[widest], kernel_costs=cpu_kernel_costs(clock_hz),
                    note=f"one core of this machine ({name or 'unnamed CPU'}): {per_cycle} FLOP/cycle at "
-                        f"{clock_hz / 1e9:.2f} GHz nominal, from /proc/cpuinfo; calibrate for a measured figure")
+                        f"{clock_hz / 1e9:.2f} GHz nominal, from /proc/cpuinfo, PyTorch's per-op kernel costs at that "
+                        "clock; calibrate for a measured figure")
 
 
 def local_device() -> DeviceSpec:
@@ -712,6 +808,12 @@ def _device_from_mapping(data: Any, where: str) -> DeviceSpec:
             raise SpecError(f"{where}: profiled_layers must be a list, got {type(rows).__name__}")
         data = {**data, "profiled_layers": tuple(_from_mapping(ProfiledLayer, r, f"{where}: profiled_layers[{i}]")
                                                  for i, r in enumerate(rows))}
+    if isinstance(data, dict) and "kernel_costs" in data:
+        rows = data["kernel_costs"]
+        if not isinstance(rows, list):
+            raise SpecError(f"{where}: kernel_costs must be a list, got {type(rows).__name__}")
+        data = {**data, "kernel_costs": tuple(_from_mapping(KernelCost, r, f"{where}: kernel_costs[{i}]")
+                                              for i, r in enumerate(rows))}
     return _from_mapping(DeviceSpec, data, where)
 
 

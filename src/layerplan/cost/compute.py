@@ -20,6 +20,9 @@ Layer time, PALEO §3.1.1 eq.1: ``T(u) = R(Pa(u)) + C(f, d) + W(f, d)``.
   A layer that reads the network input writes no input-gradient (autograd does not compute it).
   PALEO's eq.1 names only the parents' outputs in R; the weights are read from the same memory, and
   for FC layers at small batch they are most of the traffic, so they are counted.
+- A CPU core's kernels cost more than R + C + W for some ops (a max-pool's compares, a dropout
+  mask's random numbers, an autograd node a call): ``DeviceSpec.kernel_costs`` adds them
+  (``hardware.KernelCost``, the CPU presets' ``hardware.CPU_KERNEL_CYCLES``).
 - Parents on another device (model parallelism) are not charged here: the engine's transfers carry
   those bytes.
 
@@ -136,6 +139,9 @@ def layer_time_s(layer: LayerSpec, device: DeviceSpec, batch: int, *, direction:
     ``bytes_scale``: multiplies every byte count of the spec (e.g. 0.5 to train an fp32 spec in
     fp16); FLOPs do not change.
 
+    A device with ``kernel_costs`` (the CPU core presets) adds its op's ``hardware.KernelCost``: per
+    call, per input byte and extra weight passes, what a library kernel costs beyond eq.1.
+
     A layer the device has a measured profile of (``DeviceSpec.profiled_layers``, from
     ``layerplan calibrate``) takes its measured time instead — at the profile's own bytes (scale 1)
     and with the GEMM algorithm, the only case a profile describes.
@@ -157,7 +163,9 @@ def layer_time_s(layer: LayerSpec, device: DeviceSpec, batch: int, *, direction:
         read = (out + inp) * batch + w
         write = (inp * batch if layer.parents else 0.0) + w
     bw = device.mem_bandwidth_bytes_per_s
-    return read / bw + c + write / bw  # PALEO §3.1.1 eq.1: T = R + C + W
+    kernel = device.kernel_cost(layer.op) if device.kernel_costs else None
+    extra = kernel.time_s(batch, direction, inp, w, bw) if kernel else 0.0  # hardware.KernelCost: beyond eq.1
+    return read / bw + c + write / bw + extra  # PALEO §3.1.1 eq.1: T = R + C + W
 
 
 def input_bytes(net: NetSpec, layer: LayerSpec, out_bytes: Mapping[str, int] | None = None) -> int:
