@@ -446,6 +446,12 @@ def test_summarize_times_each_roles_marks_where_every_rank_reached_them():
                    frag(2, "fc_worker", fc, wall_s=1.5)], s, roles, 3, 32)
     assert m["breakdown"]["conv_worker"]["marks_s"] == {"conv_fwd": pytest.approx(0.39)}  # 0.3 and 0.48 from their own
     assert m["breakdown"]["fc_worker"]["marks_s"] == {"activations": pytest.approx(0.29)}
+    # FC workers that sum their gradients at their step's end start it after the CONV workers
+    # (small batches): the step still starts with the CONV workers, whose tasks open the schedule
+    m = summarize([frag(0, "conv_worker", conv0), frag(1, "conv_worker", conv1),
+                   frag(2, "fc_worker", fc, wall_s=0.6)], s, roles, 3, 32)
+    assert m["breakdown"]["conv_worker"]["marks_s"] == {"conv_fwd": pytest.approx(0.4)}
+    assert m["breakdown"]["fc_worker"]["marks_s"] == {"activations": pytest.approx(0.3)}
     # without every rank's step end times there is no common start: no marks
     plain = summarize([{**frag(0, "conv_worker", conv0), "records": [{k: v for k, v in r.items() if k != "end_s"}
                                                                      for r in frag(0, "conv_worker", conv0)["records"]]},

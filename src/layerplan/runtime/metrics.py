@@ -24,7 +24,7 @@ breakdown {kind: {compute_s, comm_s, cpu_cores, marks_s}} (per step, median afte
 over the ranks of the kind; ``cpu_cores``: the rank's CPU time over its wall time in the steps
 after warm-up, the cores it kept busy; ``marks_s``, where the role marks them (``Meter.mark``:
 allreduce, stanza): when it reached each named point, the end of the schedule's task of that
-name, after the step started (``_step_starts``: on the ranks of the role that starts it last) —
+name, after the step started (``_step_starts``: on the ranks of the role that opens the schedule) —
 ``predict.timeline_marks`` finds the same points in the predicted step), cpu_cores_busy (their
 sum over every rank: on shared cores, against the cores there are, how busy the run kept them),
 bottleneck (the kind with the largest compute time), loss [per step], step_times_s (the ranks'
@@ -218,13 +218,19 @@ def _marks_s(records: list[dict[str, Any]], starts: dict[int, float]) -> dict[st
     return {n: _median([r["marks"][n] - starts[r["step"]] for r in records]) for n in names}
 
 
-def _step_starts(fragments: list[dict[str, Any]]) -> dict[int, float]:
-    """When each step started, wall clock: the mean start of the ranks of the role that starts it
-    last. A role that waits on others begins a step as soon as it is done with the last one and
-    idles (Stanza's FC worker); the role whose tasks open the schedule starts last — the start of
-    the cost model's step (its time 0) —, its ranks a few ms apart on shared cores (so the mean of
-    them, not the last: a rank's marks then read as from its own start, on average). Steps some
-    rank did not record with its ``end_s`` are left out."""
+OPENING_ROLE = {"stanza": "conv_worker", "hybrid": "conv_worker"}
+"""The role whose tasks open a strategy's schedule (the cost model's time 0), where it has others."""
+
+
+def _step_starts(fragments: list[dict[str, Any]], opener: str | None = None) -> dict[int, float]:
+    """When each step started, wall clock: the mean start of the ranks of the role that opens the
+    schedule (``opener``, the cost model's time 0), else of the role that starts it last. A role
+    that waits on others begins a step as soon as it is done with the last one and idles (Stanza's
+    FC worker), so the opening role mostly starts last — but not always: Stanza's FC workers, two
+    or more, sum their FC gradients at the end of their step, and at small batches the CONV
+    workers are into the next step's forward by then. Its ranks start a few ms apart on shared
+    cores (so the mean of them, not the last: a rank's marks then read as from its own start, on
+    average). Steps some rank did not record with its ``end_s`` are left out."""
     by_kind: dict[int, dict[str, list[float]]] = {}
     missing: set[int] = set()
     for f in fragments:
@@ -233,7 +239,8 @@ def _step_starts(fragments: list[dict[str, Any]]) -> dict[int, float]:
                 missing.add(r["step"])
             else:
                 by_kind.setdefault(r["step"], {}).setdefault(f["kind"], []).append(r["end_s"] - r["wall_s"])
-    return {s: max(statistics.fmean(v) for v in kinds.values()) for s, kinds in by_kind.items() if s not in missing}
+    return {s: statistics.fmean(kinds[opener]) if opener in kinds else max(statistics.fmean(v) for v in kinds.values())
+            for s, kinds in by_kind.items() if s not in missing}
 
 
 def cpu_cores(records: list[dict[str, Any]]) -> float:
@@ -265,7 +272,7 @@ def summarize(fragments: list[dict[str, Any]], spec, roles: dict, nodes: int, gl
         losses.append(float(sum(parts)) if parts else None)
 
     per_rank = []
-    starts = _step_starts(fragments)
+    starts = _step_starts(fragments, OPENING_ROLE.get(spec.strategy))
     marks: dict[int, dict[str, float]] = {}
     kinds: dict[str, list[dict]] = {}
     for f in fragments:
