@@ -802,18 +802,12 @@ def _from_mapping(cls: type, data: Any, where: str, defaults_ok: bool = True) ->
 
 
 def _device_from_mapping(data: Any, where: str) -> DeviceSpec:
-    if isinstance(data, dict) and "profiled_layers" in data:
-        rows = data["profiled_layers"]
-        if not isinstance(rows, list):
-            raise SpecError(f"{where}: profiled_layers must be a list, got {type(rows).__name__}")
-        data = {**data, "profiled_layers": tuple(_from_mapping(ProfiledLayer, r, f"{where}: profiled_layers[{i}]")
-                                                 for i, r in enumerate(rows))}
-    if isinstance(data, dict) and "kernel_costs" in data:
-        rows = data["kernel_costs"]
-        if not isinstance(rows, list):
-            raise SpecError(f"{where}: kernel_costs must be a list, got {type(rows).__name__}")
-        data = {**data, "kernel_costs": tuple(_from_mapping(KernelCost, r, f"{where}: kernel_costs[{i}]")
-                                              for i, r in enumerate(rows))}
+    for key, cls in (("profiled_layers", ProfiledLayer), ("kernel_costs", KernelCost)):
+        if isinstance(data, dict) and key in data:
+            rows = data[key]
+            if not isinstance(rows, list):
+                raise SpecError(f"{where}: {key} must be a list, got {type(rows).__name__}")
+            data = {**data, key: tuple(_from_mapping(cls, r, f"{where}: {key}[{i}]") for i, r in enumerate(rows))}
     return _from_mapping(DeviceSpec, data, where)
 
 
