@@ -99,10 +99,11 @@ COMM_CPU_S_PER_BYTE = 0.6e-9
 """``ClusterSpec.comm_cpu_s_per_byte`` of the emulated cluster without a calibration: CPU seconds each
 end of a message spends per byte on the shaped path (veth, bridge, tbf, TCP, gloo's copies), taken
 from the cores every host shares. ``validate`` measures both ends' per rate from /proc/stat
-(``link_cpu_s_per_byte``): 1.0 ns/B at 1 and 10 Gbit/s on a 2-core AMD EPYC VM; 1.2–1.3 at 10
-Gbit/s and 1.6–2.3 at 1 Gbit/s on a 2-core AVX-512 Xeon VM (4–13 at 100 Mbit/s on both, where the
-link, not the CPU, bounds a step). Without it the presets had every byte free and predicted the
-Xeon's 10 Gbit/s rows 24–27% fast (median); with it, 10–12%."""
+(``link_cpu_s_per_byte``): 1.0 ns/B at 1 and 10 Gbit/s on the host of the README's earlier runs;
+1.2–1.3 at 10 Gbit/s and 1.6–2.3 at 1 Gbit/s on the host of vf97–vf99 (4–13 at 100 Mbit/s on
+both, where the link, not the CPU, bounds a step). Without it the presets had every byte free:
+vgg16_cifar's 10 Gbit/s rows of vf97 and vf98 ran 24–27% slower than the presets said (median),
+with it 10–15%."""
 
 FLOW_LEAD_BYTES = 150e3
 """``LinkSpec.flow_lead_bytes`` of the emulated link: 4 gloo sends of S bytes from one host at once,
