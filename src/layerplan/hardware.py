@@ -538,7 +538,7 @@ CPU_KERNEL_CYCLES: dict[str, tuple[float, float, float, float, float, float]] = 
 in clock cycles of one core: a non-negative least-squares fit (of relative error) of the measured
 excess over the cpu-core preset's layer times, over the profiled layers of vgg16_cifar,
 alexnet_cifar and resnet_cifar at batch 16–64 in two calibrations of a 2-core AVX-512 Xeon VM at
-2.6 GHz (1,100 layer times). Without them that preset took max-pooling forward at 0.03× its
+2.6 GHz (1,404 layer times, forward and backward). Without them that preset took max-pooling forward at 0.03× its
 measured time (its compares and int64 index writes: 1.7 ns a byte of input), dropout forward at
 0.03× (a random number an element: 3.3 ns a byte), batch norm forward at 0.2× (statistics passes),
 every backward of an activation, norm or pooling 0.3–0.5× (≈ 60–105 µs an autograd node),
