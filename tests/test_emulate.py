@@ -173,3 +173,63 @@ def test_one_shared_core_keeps_its_own_capacity():
     assert hardware.shared_cores_preset(None) == {"shared_cores": None}
     assert hardware.shared_cores_preset(4)["shared_core_capacity"] == pytest.approx(3.6)
     assert hardware.cluster("local-cpu", shared_cores=4).oversubscribed_core_capacity == pytest.approx(3.44)
+
+
+def test_without_root_validate_runs_itself_again_in_a_user_namespace(monkeypatch):
+    """Not root, where user namespaces work: the command is run again, now, as the root of one
+    (this process becomes it), its clusters recorded inside the namespace's own /run."""
+    calls = []
+    monkeypatch.setattr(emulate.os, "geteuid", lambda: 1000)
+    monkeypatch.delenv(emulate.USERNS_ENV, raising=False)
+    monkeypatch.setattr(emulate.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(emulate, "user_namespace_works", lambda: True)
+    monkeypatch.setattr(emulate.os, "execvpe", lambda f, argv, env: calls.append((f, argv, env)))
+    emulate.in_user_namespace(["python", "-m", "layerplan", "validate", "--quick"])
+    (f, argv, env), = calls
+    assert f == "unshare" and argv[:4] == ["unshare", "-Urnm", "--propagation", "private"]
+    assert argv[7:] == ["sh", "python", "-m", "layerplan", "validate", "--quick"]
+    assert emulate.USERNS_SETUP in argv[6] and env["LAYERPLAN_STATE_DIR"] == emulate.USERNS_STATE_DIR
+    assert env[emulate.USERNS_ENV] == "1"
+
+
+def test_without_root_or_a_user_namespace_the_reason_is_given(monkeypatch):
+    monkeypatch.setattr(emulate.os, "geteuid", lambda: 1000)
+    monkeypatch.delenv(emulate.USERNS_ENV, raising=False)
+    monkeypatch.setattr(emulate.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(emulate, "user_namespace_works", lambda: False)
+    monkeypatch.setattr(emulate.os, "execvpe", lambda *a: pytest.fail("ran again where no namespace can be made"))
+    with pytest.raises(emulate.EmulationError, match="cannot make an unprivileged user namespace"):
+        emulate.in_user_namespace(["layerplan", "validate"])
+    monkeypatch.setattr(emulate, "user_namespace_works", lambda: True)  # cluster up: the recipe to run it in one
+    with pytest.raises(emulate.EmulationError, match="unshare -Urnm --propagation private sh -c 'mount -t tmpfs"):
+        emulate.check_available()
+
+
+def test_validate_without_root_or_namespaces_stops_before_calibrating(monkeypatch, capsys):
+    from layerplan import calibrate, cli
+
+    monkeypatch.setattr(emulate.os, "geteuid", lambda: 1000)
+    monkeypatch.delenv(emulate.USERNS_ENV, raising=False)
+    monkeypatch.setattr(emulate, "user_namespace_works", lambda: False)
+    monkeypatch.setattr(calibrate, "calibrate", lambda *a, **k: pytest.fail("calibrated before saying it cannot run"))
+    assert cli.main(["validate", "--quick", "--out", "/nonexistent/v"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("layerplan validate: error: the emulated cluster needs root") and "\n" == err[-1]
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("ip") is None or shutil.which("tc") is None
+                    or not emulate.user_namespace_works(), reason="no user namespace can be made here (unshare -Urn)")
+def test_a_user_namespace_builds_a_cluster_and_leaves_nothing_behind():
+    """What ``in_user_namespace`` runs: a cluster made inside the namespace, recorded in its /run,
+    gone with it — no namespace or record of it outside."""
+    script = ("import os; from layerplan.runtime import emulate as e; e.check_available(); "
+              "emu = e.up(2, '100Mbit', 't-userns'); print(e.STATE_DIR, len(e.namespaces()), "
+              "round(e.measure_rate(emu, nbytes=3_000_000) / emu.rate_bytes_per_s, 3))")
+    env = {**os.environ, emulate.USERNS_ENV: "1", "LAYERPLAN_STATE_DIR": emulate.USERNS_STATE_DIR}
+    r = subprocess.run(emulate.user_namespace_argv([sys.executable, "-c", script]), capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    state_dir, made, share = r.stdout.split()
+    assert state_dir == emulate.USERNS_STATE_DIR and int(made) == 3 and 0.7 < float(share) < 1.0  # shaped
+    assert not [n for n in emulate.namespaces() if "t-userns" in n]
+    assert not (emulate.STATE_DIR / "t-userns.json").exists()

@@ -419,6 +419,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     speed_reference = load_reference = memory_reference = None  # None: validate probes the machine when it starts
     if args.repredict:
         return _validate_repredict(args, out)
+    if not args.dry_run:  # before minutes of calibration: root, or this command again in a user namespace
+        from layerplan.runtime import emulate
+
+        emulate.in_user_namespace([sys.executable, "-m", "layerplan", *args.argv])
     if args.resume:
         previous = out / "validate.json"
         if not previous.exists():
@@ -671,6 +675,7 @@ _EXTENSIONS: list[Callable[[argparse._SubParsersAction], None]] = [_register_run
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # to run the same command again (validate: a user namespace)
     if not args.command:
         parser.print_help()
         return EXIT_BAD_INPUT

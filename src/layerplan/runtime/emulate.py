@@ -8,9 +8,10 @@ the switch port's egress towards it — so each host gets R in and R out, like a
 traffic at R (``QUEUE_S``); a burst below the MTU drops every packet silently. Inside the tbf, TCP
 acknowledgements go ahead of the queued data (``_tc``), so a link carries R both ways at once.
 
-Root is needed for ``ip netns``; without root, run layerplan inside an unprivileged user namespace
+Root is needed for ``ip netns``; without root, layerplan runs inside an unprivileged user namespace
 (``unshare -Urnm --propagation private``, a tmpfs on /run, ``mkdir /run/netns``) where the same
-recipe works and vanishes with the namespace (EMULATION.md). ``runtime.launch.launch_emulated``
+recipe works and vanishes with the namespace (EMULATION.md): ``validate`` starts itself in one
+(``in_user_namespace``); ``cluster up`` and ``train --on emulated`` run in one a user makes. ``runtime.launch.launch_emulated``
 runs a training run's rank r in host r.
 Nothing is left behind: ``down`` is idempotent and kills every process still in a host, and the
 context manager tears the cluster down on exit, on exceptions and on SIGINT/SIGTERM.
@@ -18,12 +19,14 @@ context manager tears the cluster down on exit, on exceptions and on SIGINT/SIGT
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -176,6 +179,36 @@ def _tc(ns: str, dev: str, rate_bytes_per_s: float) -> None:
         "flowid", "10:10")
 
 
+USERNS_ENV = "LAYERPLAN_IN_USERNS"
+"""Set (to 1) in a command ``in_user_namespace`` started: it runs as the namespace's root."""
+USERNS_SETUP = "mount -t tmpfs tmpfs /run && mkdir -p /run/netns"
+"""What a new user namespace needs before ``ip netns add`` works in it: a /run of its own (the
+machine's belongs to the real root), with iproute2's folder of named namespaces."""
+USERNS_STATE_DIR = "/run/layerplan-emulated"
+"""Where a user namespace's clusters are recorded: inside its own /run, so no record outlives them."""
+
+
+def user_namespace_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` run as root of a new unprivileged user namespace with its own network and mounts
+    (``unshare -Urnm``), after ``USERNS_SETUP``: every namespace, link and process it makes
+    vanishes with it (EMULATION.md). ``unshare`` without --fork execs, so the command keeps its
+    process (a signal to it reaches the command)."""
+    return ["unshare", "-Urnm", "--propagation", "private", "sh", "-c", f'{USERNS_SETUP} && exec "$@"', "sh", *argv]
+
+
+@functools.lru_cache(maxsize=1)
+def user_namespace_works() -> bool:
+    """Whether this user may make an unprivileged user namespace with its own network here (the
+    kernel and its settings allow it, and ``unshare`` is installed)."""
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        r = subprocess.run(user_namespace_argv(["ip", "link", "show", "lo"]), capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
 def check_available() -> None:
     """Raise EmulationError with the reason when namespaces cannot be made here."""
     if shutil.which("ip") is None:
@@ -183,8 +216,31 @@ def check_available() -> None:
     if shutil.which("tc") is None:
         raise EmulationError("the emulated cluster needs `tc` (iproute2)")
     if os.geteuid() != 0:
-        raise EmulationError("the emulated cluster needs root for network namespaces; run as root, or use an "
-                             "unprivileged user namespace: unshare -Urnm --propagation private layerplan ...")
+        how = ("layerplan validate makes one by itself; for cluster up / train --on emulated, run them in one "
+               f"namespace: unshare -Urnm --propagation private sh -c '{USERNS_SETUP} && layerplan cluster up ... "
+               "&& layerplan train ... --on emulated'" if user_namespace_works() else
+               "this user cannot make an unprivileged user namespace here either (unshare -Urn failed: the kernel "
+               "or its settings, e.g. user.max_user_namespaces, forbid it)")
+        raise EmulationError(f"the emulated cluster needs root for network namespaces, or a user namespace: {how}")
+
+
+def in_user_namespace(argv: Sequence[str]) -> None:
+    """Make sure namespaces can be made for a command that builds its own clusters (``validate``):
+    as root, check the tools; otherwise run ``argv`` again, now, as root of a user namespace
+    (``user_namespace_argv``; its clusters recorded in ``USERNS_STATE_DIR``) — this process
+    becomes it and does not return; where that is impossible, EmulationError says why."""
+    if os.geteuid() == 0 or os.environ.get(USERNS_ENV):
+        check_available()
+        return
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        check_available()  # its message names the missing tool
+    if not user_namespace_works():
+        check_available()  # its message says why not
+    env = {**os.environ, USERNS_ENV: "1", "LAYERPLAN_STATE_DIR": USERNS_STATE_DIR}
+    print("layerplan: not root: running in an unprivileged user namespace (unshare -Urnm); its emulated clusters "
+          "vanish with it", file=sys.stderr, flush=True)
+    cmd = user_namespace_argv(argv)
+    os.execvpe(cmd[0], cmd, env)
 
 
 def _state_file(name: str) -> Path:
