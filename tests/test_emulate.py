@@ -224,7 +224,8 @@ def test_a_user_namespace_builds_a_cluster_and_leaves_nothing_behind():
     gone with it — no namespace or record of it outside."""
     script = ("import os; from layerplan.runtime import emulate as e; e.check_available(); "
               "emu = e.up(2, '100Mbit', 't-userns'); print(e.STATE_DIR, len(e.namespaces()), "
-              "round(e.measure_rate(emu, nbytes=3_000_000) / emu.rate_bytes_per_s, 3))")
+              "round(e.measure_rate(emu, nbytes=3_000_000) / emu.rate_bytes_per_s, 3)); "
+              "import socket; socket.create_server(('127.0.0.1', 0)).close()")  # loopback is up
     env = {**os.environ, emulate.USERNS_ENV: "1", "LAYERPLAN_STATE_DIR": emulate.USERNS_STATE_DIR}
     r = subprocess.run(emulate.user_namespace_argv([sys.executable, "-c", script]), capture_output=True, text=True,
                        env=env, timeout=120)

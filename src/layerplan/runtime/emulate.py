@@ -181,9 +181,10 @@ def _tc(ns: str, dev: str, rate_bytes_per_s: float) -> None:
 
 USERNS_ENV = "LAYERPLAN_IN_USERNS"
 """Set (to 1) in a command ``in_user_namespace`` started: it runs as the namespace's root."""
-USERNS_SETUP = "mount -t tmpfs tmpfs /run && mkdir -p /run/netns"
+USERNS_SETUP = "mount -t tmpfs tmpfs /run && mkdir -p /run/netns && ip link set lo up"
 """What a new user namespace needs before ``ip netns add`` works in it: a /run of its own (the
-machine's belongs to the real root), with iproute2's folder of named namespaces."""
+machine's belongs to the real root), with iproute2's folder of named namespaces; and, its network
+being new, loopback up (the calibration's ranks meet over it)."""
 USERNS_STATE_DIR = "/run/layerplan-emulated"
 """Where a user namespace's clusters are recorded: inside its own /run, so no record outlives them."""
 
