@@ -243,6 +243,10 @@ def test_steps_in_lockstep_give_the_shared_core_capacities():
     assert any("lockstep" in line and "2 processes 1.81" in line and "4 processes 1.70" in line
                for line in calibrate.summary_lines(fake_result()))
     assert any("collective_wait_s" in line and "1 ms" in line for line in calibrate.summary_lines(fake_result()))
+    r = fake_result()  # against this core's own nominal peak too, where /proc/cpuinfo tells it
+    assert "of this core's nominal" not in calibrate.summary_lines(r)[0]
+    r["compute"]["this_cpu_peak_flops_per_s"] = 83.2e9
+    assert "= 60.0% of the cpu-core peak, 114.8% of this core's nominal 83.2 GFLOP/s" in calibrate.summary_lines(r)[0]
 
 
 def test_a_window_alone_is_timed_again_while_other_work_shares_the_machine():

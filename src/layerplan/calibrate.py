@@ -383,6 +383,9 @@ def _compute_section(cfg: dict, log_dir: Path, advance, cores: int) -> dict:
         "shared_flops_per_s": spread(shared_total),
         "shared_per_process_flops_per_s": spread([s / cores for s in shared_total]),
         "share_of_peak_per_thread": spread([f / device.peak_flops_per_s for f in per_thread]),
+        # this core's own nominal peak (its FLOP a cycle × its clock, /proc/cpuinfo), as Omnivore's
+        # single-device study sets achieved FLOP/s against the device's peak
+        "this_cpu_peak_flops_per_s": getattr(hardware.this_cpu(), "peak_flops_per_s", None),
         "share_of_peak_shared": spread([s / cores / device.peak_flops_per_s for s in shared_total]),
         "effective_cores": spread([s / f for s, f in zip(shared_total, per_thread)]),
         "compute_efficiency": spread([fit_compute_efficiency(layers, rep[0], device) for rep in alone]),
@@ -1376,8 +1379,11 @@ def summary_lines(result: dict) -> list[str]:
 
     lines = [
         f"compute, 1 thread: {f(c['per_thread_flops_per_s'], units.format_flops_rate)} = "
-        f"{c['share_of_peak_per_thread']['median']:.1%} of the {c['device_preset']} peak "
-        f"(conv {units.format_flops_rate(c['per_thread_conv_flops_per_s']['median'])}, "
+        f"{c['share_of_peak_per_thread']['median']:.1%} of the {c['device_preset']} peak"
+        + (f", {c['per_thread_flops_per_s']['median'] / c['this_cpu_peak_flops_per_s']:.1%} of this core's nominal "
+           f"{units.format_flops_rate(c['this_cpu_peak_flops_per_s'])} (FLOP a cycle × clock, /proc/cpuinfo)"
+           if c.get("this_cpu_peak_flops_per_s") else "")
+        + f" (conv {units.format_flops_rate(c['per_thread_conv_flops_per_s']['median'])}, "
         f"linear {units.format_flops_rate(c['per_thread_linear_flops_per_s']['median'])})",
         f"compute, {c['shared_processes']} processes at once: {f(c['shared_flops_per_s'], units.format_flops_rate)} "
         f"in all ({c['effective_cores']['median']:.2f} cores' worth)",
