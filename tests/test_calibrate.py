@@ -576,6 +576,7 @@ def test_calibrate_measures_a_disturbed_section_again_and_keeps_the_steady_readi
     assert st["compute"]["kept_disturbed"] is None and st["rounds"]["tries"] == 1
     assert st["link"]["tries"] == 2 and "the cores ran at 0.48× their best speed" in st["link"]["disturbed"][0]
     assert st["link"]["probe_flops_per_s"] == [14e9, 29e9] and st["link"]["kept_disturbed"] is None
+    assert st["link"]["kept_probe_flops_per_s"] == 29e9  # the probe around the reading kept
     assert sleeps == [calibrate.STEADY_POLL_S] * 2
     assert calibrate.still_disturbed(out) == {}
     assert any(line.startswith("compute: measured 2 times") and "the steady reading kept" in line
@@ -618,6 +619,7 @@ def test_a_section_whose_probes_read_low_against_the_calibrations_best_is_measur
     out = calibrate.calibrate(quick=True, progress=False)
     st = out["steadiness"]["compute"]
     assert st["tries"] == 2 and st["probe_flops_per_s"] == [20e9, 29e9] and st["kept_disturbed"] is None
+    assert st["kept_probe_flops_per_s"] == 29e9
     assert "the cores ran at 0.69× their best speed" in st["disturbed"][0]
     assert out["compute"]["per_thread_flops_per_s"]["median"] == 95e9
     assert out["steadiness"]["link"]["tries"] == 2  # it began on compute's last probe: again at once

@@ -328,6 +328,31 @@ def test_the_pace_is_the_median_load_probe_of_the_rows_before():
     assert [r["pace"] for r in paced] == [None, {"speed": 1.0, "probes": 1}, {"speed": 1.0, "probes": 2}]
 
 
+def test_the_pace_is_set_against_the_probe_around_the_calibrations_layer_profile():
+    """The rows' load probes are read against the machine's speed while the calibration timed the
+    layers the predictions use (its profile's kept reading), not the probes either side of the
+    whole calibration; without a profile, those probes' mean."""
+    cal = {"steadiness": {"compute": {"kept_probe_flops_per_s": 62e9},
+                          "profile": {"probe_flops_per_s": [50e9, 79e9], "kept_probe_flops_per_s": 79e9}}}
+    assert validate.load_reference_of(cal, (60e9, 70e9)) == 79e9
+    assert validate.load_reference_of({"steadiness": {"compute": {"kept_probe_flops_per_s": 62e9}}},
+                                      (60e9, 70e9)) == 65e9
+    assert validate.load_reference_of({}, (60e9, 70e9)) == 65e9  # an older calibration: no steadiness
+    older = {"steadiness": {"profile": {"probe_flops_per_s": [50e9, 79e9], "kept_disturbed": None}}}
+    assert validate.load_reference_of(older, (60e9, 70e9)) == 79e9  # its undisturbed reading: the last
+    older["steadiness"]["profile"]["kept_disturbed"] = "the cores ran at 0.6×"  # which was kept: not said
+    assert validate.load_reference_of(older, (60e9, 70e9)) == 65e9
+
+
+def test_repredicting_sets_the_rows_probes_against_the_calibrations_profile_probe():
+    doc = {"load_reference_flops_per_s": 64e9, "rows": [{"load_speed": 1.28}, {"load_speed": None}, {}]}
+    cal = {"steadiness": {"profile": {"probe_flops_per_s": [80e9]}}}
+    again = validate.rereferenced(doc, cal)
+    assert again["load_reference_flops_per_s"] == 80e9
+    assert again["rows"][0]["load_speed"] == pytest.approx(1.024) and again["rows"][1:] == doc["rows"][1:]
+    assert validate.rereferenced(doc, {}) == doc  # no profile probe: as it was
+
+
 def test_a_row_is_predicted_at_the_machines_pace():
     """At pace 0.5 the device computes at half its calibrated speed: a slower step, the prediction
     as calibrated kept beside it (``calibrated_step_s``, ``calibrated_error``); pace 1 changes nothing
@@ -729,6 +754,42 @@ def test_a_row_run_while_the_cores_were_disturbed_runs_again_and_the_steadier_ru
     assert rows["ps"]["disturbed_runs"] == 1 and rows["ps"]["load_speed"] == pytest.approx(1.0)
     assert rows["allreduce"]["measured_step_s"] == 0.2 and "disturbed_runs" not in rows["allreduce"]
     assert steps == {"ps": [], "allreduce": []} and next(loads, None) is None
+
+
+def test_a_run_again_while_the_cores_were_disturbed_is_not_kept(tmp_path, monkeypatch):
+    """A deciding run after which both cores' probe read below DISTURBED_LOAD (another tenant had
+    them) is not one of its row's runs: the row keeps the others, and records it in ``dropped_runs``."""
+    from layerplan import calibrate, hardware
+    from layerplan.runtime import emulate
+
+    steps = {"allreduce": [0.200, 0.300, 0.204], "stanza": [0.201, 0.199, 0.200]}
+    order = []
+    fake_matrix_loop(monkeypatch, steps, order)
+    fake_run, disturbed = validate.run_case, []
+
+    def run(case, *a, **k):  # allreduce's second run: the cores slowed while it ran
+        row = fake_run(case, *a, **k)
+        disturbed.append(order.count("allreduce") == 2 and case.strategy == "allreduce")
+        return row
+
+    monkeypatch.setattr(validate, "run_case", run)
+    monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
+    monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
+    monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: (
+        14e9 if threads == 2 and disturbed and disturbed.pop() else 29e9))
+    monkeypatch.setattr(calibrate, "memory_probe", lambda window_s=0.1, threads=2: 0.003)
+    predicting(monkeypatch, {"allreduce": 160.0, "stanza": 150.0})
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "stanza"),
+                        target_s=20.0, max_steps=30)
+    doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
+                            load_reference=29e9, memory_reference=0.003)
+    rows = {r["strategy"]: r for r in doc["rows"]}
+    assert order.count("allreduce") == 3 and not steps["allreduce"]  # two runs again to decide
+    assert rows["allreduce"]["measured_runs_s"] == [0.200, 0.204] and rows["allreduce"]["decider_runs"] == 1
+    assert rows["allreduce"]["dropped_runs"] == [{"why": "deciding", "step_s": 0.300, "load_speed": pytest.approx(14 / 29)}]
+    assert rows["stanza"]["measured_runs_s"] == [0.201, 0.199, 0.200] and "dropped_runs" not in rows["stanza"]
+    assert doc["summary"]["dropped_runs"] == 1
 
 
 def test_unsteady_link_measurements_are_taken_again_and_the_steadiest_kept(monkeypatch):

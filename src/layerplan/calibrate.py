@@ -1099,7 +1099,8 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
             judged = [(*judge(stage, r), r) for r in history[stage]]
             keep = judged[-1] if stage in merged else min(judged, key=lambda j: (j[0] is not None, j[1]))
             steadiness[stage] = {"tries": len(judged), "disturbed": [j[0] for j in judged if j[0]],
-                                 "kept_disturbed": keep[0], "probe_flops_per_s": [r["probe"] for r in history[stage]]}
+                                 "kept_disturbed": keep[0], "probe_flops_per_s": [r["probe"] for r in history[stage]],
+                                 "kept_probe_flops_per_s": keep[2]["probe"]}
             return keep[2]["result"]
 
         def steady(stage: str, measure: Callable[[], dict], again: Callable[[dict, str], dict] | None = None) -> dict:

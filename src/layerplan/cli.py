@@ -467,7 +467,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 con.print("[bold yellow]rerun on an idle machine, or reuse a steady calibration with "
                           "--calibration FILE[/]")
         speed_reference = (before + calibrate.speed_probe()) / 2.0
-        load_reference = (before_load + calibrate.speed_probe(threads=2)) / 2.0
+        load_reference = validate.load_reference_of(measured, (before_load, calibrate.speed_probe(threads=2)))
         memory_reference = (before_memory + calibrate.memory_probe()) / 2.0
         from layerplan.runtime import emulate
 
@@ -519,6 +519,11 @@ def _validate_repredict(args: argparse.Namespace, out) -> int:
         calibrated = cluster_from_dict(doc["calibrated_cluster"], str(previous))
     else:
         calibrated = None
+    if not args.calibration and (out / "calibration.json").exists():  # its probes against the profile's, as a run now
+        try:
+            doc = validate.rereferenced(doc, json.loads((out / "calibration.json").read_text()))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ConfigError(f"--repredict: {out / 'calibration.json'} is not a calibration ({e})") from None
     # the rows' probes read the machine against the run's own calibration: its pace, not another's
     new = validate.repredict(doc, calibrated, paced=not args.calibration)
     from pathlib import Path
