@@ -622,6 +622,55 @@ def test_contenders_check_the_predicted_best_against_its_closest_rival():
     assert [x["label"] for x in validate.contenders(both)] == ["allreduce", "hybrid", "stanza"]
 
 
+def test_contenders_check_a_fastest_measured_disturbed_against_the_predicted_best_whatever_the_gap():
+    """A scenario's fastest row standing on one run whose probes read disturbed runs again with the
+    predicted best, however far ahead it measured; once it has a steady run, the usual rules."""
+    def r(label, step, predicted, **kw):
+        return {"label": label, "strategy": label, "measured_step_s": step, "predicted_throughput": 32 / predicted, **kw}
+
+    low = validate.DISTURBED_LOAD / 2
+    rows = [r("ps", 0.30, 0.29), r("stanza", 0.2, 0.19), r("groups", 0.1, 0.25, load_speed=low)]
+    assert [x["label"] for x in validate.contenders(rows)] == ["groups", "stanza"]
+    steady = [r("ps", 0.30, 0.29), r("stanza", 0.2, 0.19), r("groups", 0.1, 0.25, load_speed=1.0)]
+    assert validate.contenders(steady) == []
+    runs = [r("ps", 0.30, 0.29), r("stanza", 0.2, 0.19), r("groups", 0.1, 0.25, load_speed=low, measured_runs_s=[0.1, 0.1])]
+    assert validate.contenders(runs) == []  # its runs again were kept: steady ones
+    assert validate.disturbed(rows[2]) and not validate.disturbed(steady[2]) and not validate.disturbed(rows[1])
+
+
+def test_a_steady_deciding_run_replaces_a_rows_disturbed_one(tmp_path, monkeypatch):
+    """allreduce measured twice as fast as stanza (the predicted best), both its runs while the
+    cores were disturbed: it runs again to decide with stanza, and its steady run replaces the
+    disturbed one rather than being averaged with it — stanza is the measured best."""
+    from layerplan import calibrate, hardware
+    from layerplan.runtime import emulate
+
+    steps = {"allreduce": [0.11, 0.10, 0.25], "stanza": [0.2, 0.2]}
+    order = []
+    fake_matrix_loop(monkeypatch, steps, order)
+    loads = iter([14e9, 14e9, 15e9, 15e9])  # allreduce's run and its run again, before and after; then steady
+    monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
+    monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
+    monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: (
+        next(loads, 29e9) if threads == 2 else 29e9))
+    monkeypatch.setattr(calibrate, "memory_probe", lambda window_s=0.1, threads=2: 0.003)
+    predicting(monkeypatch, {"allreduce": 140.0, "stanza": 150.0})
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "stanza"),
+                        target_s=20.0, max_steps=30)
+    doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
+                            load_reference=29e9, memory_reference=0.003)
+    assert order == ["allreduce", "allreduce", "stanza", "stanza", "allreduce"]  # then 25% apart: decided
+    rows = {r["strategy"]: r for r in doc["rows"]}
+    a = rows["allreduce"]
+    assert a["measured_step_s"] == 0.25 and "measured_runs_s" not in a and a["disturbed_step_s"] == 0.10
+    assert a["disturbed_runs"] == 2 and a["load_speed"] == pytest.approx(1.0) and a["decider_runs"] == 1
+    assert a["error"] == pytest.approx((32 / 140 - 0.25) / 0.25)  # scored against the run it keeps
+    assert rows["stanza"]["measured_runs_s"] == [0.2, 0.2]
+    b = doc["summary"]["scenarios"][0]
+    assert b["measured_best"] == "stanza" and b["match"]
+
+
 def fake_matrix_loop(monkeypatch, steps: dict, order: list | None = None) -> None:
     """validate's matrix loop without a cluster: each run of a strategy measures the next of
     ``steps[strategy]`` (appended to ``order``), the emulated cluster a stand-in."""
