@@ -635,3 +635,57 @@ def test_oversubscribed_wait_takes_the_least_round_of_as_many_ranks_as_cores():
     assert calibrate.oversubscribed_wait(bimodal, 2) == pytest.approx(0.788e-3 - 0.249e-3)
     assert calibrate.oversubscribed_wait({"2": s([0.9e-3]), "4": s([0.7e-3])}, 2) == 0.0  # never negative
     assert calibrate.oversubscribed_wait({"2": s([0.2e-3])}, 2) == 0.0  # no oversubscribed count measured
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs whose parent is ``pid`` (from /proc)."""
+    from pathlib import Path
+
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.dist
+def test_a_terminated_calibration_leaves_no_benchmark_process_and_no_file(tmp_path):
+    """SIGTERM to `layerplan calibrate` while its benchmark processes run: it exits 143, saying
+    so, with none of them left running and no cluster file written."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "c.yaml"
+    p = subprocess.Popen([sys.executable, "-m", "layerplan", "calibrate", "--quick", "-o", str(out)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, kids = time.monotonic() + 120, []
+        while not kids and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.2)
+            kids = _children(p.pid)
+        assert kids, "calibrate started no benchmark process"
+        time.sleep(1.0)  # the children under way
+        kids = _children(p.pid)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 143
+        assert "terminated" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    time.sleep(0.5)
+    assert [k for k in kids if _running(k)] == [] and not out.exists()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 import time
 from typing import Callable, Sequence
@@ -684,6 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return EXIT_BAD_INPUT
+    previous = _unwind_on_sigterm()
     try:
         return COMMANDS[args.command](args)
     except LayerplanError as e:
@@ -700,6 +702,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"layerplan {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"layerplan {args.command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is (``_unwind_on_sigterm``): like an interrupt, it unwinds
+    through every ``finally`` and context manager — benchmark and rank processes are killed, an
+    emulated cluster torn down, the last good checkpoint left as it was."""
+
+
+def _unwind_on_sigterm():
+    """SIGTERM's default ends Python at once, leaving the processes a command started (a
+    calibration's benchmarks, a run's ranks) running on: raise ``Terminated`` instead. The handler
+    it replaces, or None where this is not the main thread (signals cannot be set there)."""
+    def _raise(signum, frame):
+        raise Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread
+        return None
 
 
 if __name__ == "__main__":
