@@ -867,3 +867,18 @@ def test_unsteady_link_measurements_are_taken_again_and_the_steadiest_kept(monke
     links, duplexes, waits = iter([(1.0e-9, 1.195e8)]), iter([steady_duplex]), []
     got = validate.measure_rate_links(emu, sleep=waits.append)
     assert got["tries"] == [pytest.approx(1.195e8 / 1.25e8 / validate.LINK_STEADY)] and waits == []
+
+
+def test_a_matrix_can_take_an_unsteady_link_once(monkeypatch):
+    """``Matrix.link_tries``: --quick measures a rate's link once, steady or not (its ten minutes
+    have no room for two tries more); --full up to LINK_TRIES."""
+    from layerplan.runtime import emulate
+
+    emu = emulate.Emulated(name="t", hosts=2, rate_bytes_per_s=1.25e8, subnet=0)
+    links = iter([(4.7e-9, 1.06e8), (1.0e-9, 1.195e8)])  # 0.85, then 0.956 of the line rate
+    monkeypatch.setattr(validate, "measure_link", lambda e: next(links))
+    monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: {"bytes": 2.5e8, "p2p_s": 2.09})
+    waits = []
+    got = validate.measure_rate_links(emu, sleep=waits.append, most=validate.MATRICES["quick"].link_tries)
+    assert got["rate_bytes_per_s"] == 1.06e8 and len(got["tries"]) == 1 and waits == []
+    assert validate.MATRICES["full"].link_tries in (0, validate.LINK_TRIES)

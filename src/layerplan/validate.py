@@ -56,6 +56,10 @@ class Matrix:
     would overrun what the calibration left of it, each row measures fewer seconds of steps
     (``fit_target_s``, down to MIN_TARGET_S) — on a slower machine the calibration and every step
     take longer, and the matrix still ends in time."""
+    link_tries: int = 0
+    """How many times an unsteady rate's link measurements are taken at most (``measure_rate_links``;
+    0: LINK_TRIES). --quick takes them once: with the calibration and the rows at their least, two
+    tries more of the 1 Gbit/s link (70-90 s) took `make validate` to 10 min 32 s."""
     limit_s: float | None = None
     """The wall time the command must end within (``budget_s`` less its margin for the unforeseen):
     the deciding runs give way to it where the rows run behind their estimate (``decide_allowance_s``)."""
@@ -68,7 +72,7 @@ MATRICES = {
     # took 10 min 2 s at 600 (a calibration of 5.0 min, five sections measured twice) and 10 min
     # 1.5 s at 585 (its deciding runs overran their estimate: AGAIN_PROBES_S).
     "quick": Matrix(models=("alexnet_cifar", "resnet_cifar"), workers=(2,), rates=("100Mbit", "1Gbit"), target_s=8.0,
-                    min_steps=2, max_steps=40, decide_s=25.0, budget_s=545.0, limit_s=575.0),
+                    min_steps=2, max_steps=40, decide_s=25.0, budget_s=545.0, limit_s=575.0, link_tries=1),
     # + vgg16_cifar (the Stanza comparisons), 2 and 4 workers, 10 Gbit/s, hybrid (all three nets
     # have an FC phase it can partition) and Omnivore's groups with g = 1, 2, 4 (of 2 and 4 conv machines).
     # Configurations predicted over 20 s a step are left out (at 100 Mbit/s: vgg16_cifar and
@@ -989,18 +993,19 @@ def link_steadiness(rate_bytes_per_s: float, link_rate: float, duplex: dict | No
 
 
 def measure_rate_links(emu, progress: Callable[[str], None] | None = None,
-                       sleep: Callable[[float], None] = time.sleep) -> dict:
+                       sleep: Callable[[float], None] = time.sleep, most: int = LINK_TRIES) -> dict:
     """The rate's link measurements (``measure_link``, ``emulate.measure_duplex``), taken again
-    while unsteady (``LINK_TRIES``, ``LINK_WAIT_S``): {"cpu_s_per_byte", "rate_bytes_per_s",
-    "duplex", "tries": the steadiness of each try}, the steadiest try's figures."""
+    while unsteady (``most`` tries in all, LINK_TRIES unless said, ``LINK_WAIT_S`` apart):
+    {"cpu_s_per_byte", "rate_bytes_per_s", "duplex", "tries": the steadiness of each try}, the
+    steadiest try's figures."""
     from layerplan.runtime import emulate
 
     best, tries = None, []
-    for i in range(LINK_TRIES):
+    for i in range(max(1, most)):
         if i:
             if progress:
                 progress(f"the link measurements read {tries[-1]:.3f} of steady (payload {LINK_STEADY:g} of the line rate) "
-                         f"(something else had the machine): again in {LINK_WAIT_S:g} s ({i + 1} of {LINK_TRIES})")
+                         f"(something else had the machine): again in {LINK_WAIT_S:g} s ({i + 1} of {most})")
             sleep(LINK_WAIT_S)
         cpu, rate = measure_link(emu)
         duplex = emulate.measure_duplex(emu, seconds=DUPLEX_S, repeats=DUPLEX_REPEATS)
@@ -1109,7 +1114,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
         with emulate.running(hosts, rate, EMULATION_NAME) as emu:
             link_cpu, link_rate, duplex, link_tries = None, None, None, None
             if track:  # LINK_STEADY: measured again where something else had the machine
-                links = measure_rate_links(emu, progress)
+                links = measure_rate_links(emu, progress, most=matrix.link_tries or LINK_TRIES)
                 link_cpu, link_rate, duplex, link_tries = (links["cpu_s_per_byte"], links["rate_bytes_per_s"],
                                                            links["duplex"], links["tries"])
             lead = emulate.measure_flow_lead(emu) if track and emu.hosts >= 3 else None
