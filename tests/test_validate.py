@@ -638,23 +638,31 @@ def test_contenders_check_a_fastest_measured_disturbed_against_the_predicted_bes
     assert validate.disturbed(rows[2]) and not validate.disturbed(steady[2]) and not validate.disturbed(rows[1])
 
 
+def probing(monkeypatch, both_cores, memory=lambda: 0.003) -> None:
+    """The rate's link measurements stubbed out, and the probes around each run faked: one
+    thread reads 29 GFLOP/s; ``both_cores()`` gives both cores' reading, ``memory()`` the memory
+    probe's seconds a call."""
+    from layerplan import calibrate
+    from layerplan.runtime import emulate
+
+    monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
+    monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
+    monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: both_cores() if threads == 2 else 29e9)
+    monkeypatch.setattr(calibrate, "memory_probe", lambda window_s=0.1, threads=2: memory())
+
+
 def test_a_steady_deciding_run_replaces_a_rows_disturbed_one(tmp_path, monkeypatch):
     """allreduce measured twice as fast as stanza (the predicted best), both its runs while the
     cores were disturbed: it runs again to decide with stanza, and its steady run replaces the
     disturbed one rather than being averaged with it — stanza is the measured best."""
-    from layerplan import calibrate, hardware
-    from layerplan.runtime import emulate
+    from layerplan import hardware
 
     steps = {"allreduce": [0.11, 0.10, 0.25], "stanza": [0.2, 0.2]}
     order = []
     fake_matrix_loop(monkeypatch, steps, order)
     loads = iter([14e9, 14e9, 15e9, 15e9])  # allreduce's run and its run again, before and after; then steady
-    monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
-    monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
-    monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
-    monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: (
-        next(loads, 29e9) if threads == 2 else 29e9))
-    monkeypatch.setattr(calibrate, "memory_probe", lambda window_s=0.1, threads=2: 0.003)
+    probing(monkeypatch, lambda: next(loads, 29e9))
     predicting(monkeypatch, {"allreduce": 140.0, "stanza": 150.0})
     m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "stanza"),
                         target_s=20.0, max_steps=30)
@@ -776,24 +784,19 @@ def test_a_row_run_while_the_cores_were_disturbed_runs_again_and_the_steadier_ru
     """Both cores' probe read below DISTURBED_LOAD of its calibration-time figure after the first
     run (another tenant had the cores): the row runs again and keeps the second, steady run; the
     first's step is recorded as ``disturbed_step_s``. A steady row runs once."""
-    from layerplan import calibrate, hardware
-    from layerplan.runtime import emulate
+    from layerplan import hardware
 
     steps = {"ps": [0.9, 0.5], "allreduce": [0.2]}
     loads = iter([29e9, 14e9, 29e9, 29e9, 29e9, 29e9])  # ps: before, after; again: before, after; allreduce
     fake_matrix_loop(monkeypatch, steps)
-    monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
-    monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
-    monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
-    monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: 30e9 if threads == 1 else next(loads))
     mems = iter([0.003, 0.006, 0.002, 0.003, 0.003, 0.004])  # seconds a call, before and after each run
-    monkeypatch.setattr(calibrate, "memory_probe", lambda window_s=0.1, threads=2: next(mems))
+    probing(monkeypatch, lambda: next(loads), lambda: next(mems))
     monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
         "predicted_step_s": 0.5, "error": 0.0, "preset_error": 0.0, "predicted_throughput": 64.0})
     m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("ps", "allreduce"),
                         target_s=20.0, max_steps=30, decide_s=0.0)
     cal = hardware.resolve_cluster("local-cpu")
-    doc = validate.validate(m, tmp_path, cal, speed_reference=30e9, load_reference=29e9, memory_reference=0.003)
+    doc = validate.validate(m, tmp_path, cal, speed_reference=29e9, load_reference=29e9, memory_reference=0.003)
     rows = {r["strategy"]: r for r in doc["rows"]}
     # the memory probe's slower reading around the run kept against the reference: a record
     assert rows["ps"]["memory_speed"] == pytest.approx(1.0) and rows["allreduce"]["memory_speed"] == pytest.approx(0.75)
@@ -808,8 +811,7 @@ def test_a_row_run_while_the_cores_were_disturbed_runs_again_and_the_steadier_ru
 def test_a_run_again_while_the_cores_were_disturbed_is_not_kept(tmp_path, monkeypatch):
     """A deciding run after which both cores' probe read below DISTURBED_LOAD (another tenant had
     them) is not one of its row's runs: the row keeps the others, and records it in ``dropped_runs``."""
-    from layerplan import calibrate, hardware
-    from layerplan.runtime import emulate
+    from layerplan import hardware
 
     steps = {"allreduce": [0.200, 0.300, 0.204], "stanza": [0.201, 0.199, 0.200]}
     order = []
@@ -822,12 +824,7 @@ def test_a_run_again_while_the_cores_were_disturbed_is_not_kept(tmp_path, monkey
         return row
 
     monkeypatch.setattr(validate, "run_case", run)
-    monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
-    monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
-    monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
-    monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: (
-        14e9 if threads == 2 and disturbed and disturbed.pop() else 29e9))
-    monkeypatch.setattr(calibrate, "memory_probe", lambda window_s=0.1, threads=2: 0.003)
+    probing(monkeypatch, lambda: 14e9 if disturbed and disturbed.pop() else 29e9)
     predicting(monkeypatch, {"allreduce": 160.0, "stanza": 150.0})
     m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "stanza"),
                         target_s=20.0, max_steps=30)

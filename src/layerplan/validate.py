@@ -881,6 +881,8 @@ calibration's speed went from 12.4-18.2% to 3.1-6.5% (a fifth, 12.7% to 9.9%: it
 while its steps ran 1.22× long), of the four that held it from 3.1-5.1% to 3.2-5.0%. One thread's
 probe (``speed``) moved a third as far as the steps did; the two-core probe's median over the rate,
 4, 5 or 12 rows before, or that of both probes' geometric mean did no better."""
+
+
 def load_reference_of(calibration: dict, around: tuple[float, float]) -> float:
     """The two-core probe's reading (FLOP/s a thread) the rows' ``load_speed`` and so their ``pace``
     are set against: the one around the calibration's layer profile — the reading it kept
