@@ -264,3 +264,29 @@ def test_a_device_at_another_speed_computes_every_layer_at_that_speed():
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(SpecError, match="speed"):
             dev.at_speed(bad)
+
+
+def test_a_device_at_another_memory_speed_paces_the_layers_that_are_not_matrix_products_by_it():
+    """With ``memory_speed`` a device's measured convolutions and matrix products take their times
+    over the compute speed, every other layer (batch norm, ReLU, pooling) over the memory speed;
+    at both speeds 1 it is itself."""
+    from dataclasses import replace
+
+    def prof(op):
+        return hardware.ProfiledLayer(key=f"{op}|in=1|out=1|p=0|f=0|b=0", fwd_fixed_s=1e-3, fwd_per_sample_s=1e-4,
+                                      bwd_fixed_s=2e-3, bwd_per_sample_s=2e-4, batches=(16, 32),
+                                      fwd_s=(2.6e-3, 4.2e-3), bwd_s=(5.2e-3, 8.4e-3))
+    ops = ("Conv2d", "Linear", "BatchNorm2d", "ReLU", "MaxPool2d")
+    dev = replace(hardware.device("cpu-core"), profiled_layers=tuple(prof(op) for op in ops))
+    paced = dev.at_speed(0.9, memory_speed=0.5)
+    for op in ops:
+        by = 0.9 if op in hardware.COMPUTE_BOUND_OPS else 0.5
+        p, q = dev.profiled(prof(op).key), paced.profiled(prof(op).key)
+        for batch in (8, 16, 24, 64):
+            for phase in ("fwd", "bwd"):
+                assert q.time_s(batch, phase) == pytest.approx(p.time_s(batch, phase) / by)
+    assert paced.compute_efficiency == pytest.approx(dev.compute_efficiency * 0.9)
+    assert dev.at_speed(1.0, memory_speed=1.0) is dev
+    assert dev.at_speed(1.0, memory_speed=0.5).profiled(prof("ReLU").key).time_s(16, "fwd") == pytest.approx(5.2e-3)
+    with pytest.raises(SpecError, match="speed"):
+        dev.at_speed(1.0, memory_speed=0.0)

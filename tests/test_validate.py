@@ -328,6 +328,33 @@ def test_the_pace_is_the_median_load_probe_of_the_rows_before():
     assert [r["pace"] for r in paced] == [None, {"speed": 1.0, "probes": 1}, {"speed": 1.0, "probes": 2}]
 
 
+def test_the_pace_carries_the_memory_probes_median_over_the_rows_before():
+    """MEMORY_PACE: the pace's ``memory_speed`` is the median ``memory_speed`` of the last
+    PACE_PROBES rows before that have one; a row predicted at it takes longer where the memory
+    probe read slow, its compute pace the same."""
+    n = validate.PACE_PROBES
+    rows = [{"load_speed": 1.0, "memory_speed": 0.9}] * 2 + [{"load_speed": 1.0}] + \
+        [{"load_speed": 1.0, "memory_speed": 0.5}] * n
+    assert validate.pace(rows[:3]) == {"speed": 1.0, "probes": 3, "memory_speed": 0.9}
+    assert validate.pace(rows) == {"speed": 1.0, "probes": n, "memory_speed": 0.5}
+    from layerplan import hardware
+    from layerplan.cost.compute import input_bytes, profile_key
+    from layerplan.netspec.load import resolve_model
+
+    r, emu, cal = _calibrated_row()
+    r = {**r, "rate": "10Gbit", "rate_bytes_per_s": 1.25e9}
+    emu = type(emu)(name="t", hosts=2, rate_bytes_per_s=1.25e9, subnet=1)
+    net, _ = resolve_model("alexnet_cifar")  # every layer measured at 1 ms + 0.1 ms a sample each way
+    profile = {profile_key(lyr, input_bytes(net, lyr)): hardware.ProfiledLayer(
+        key=profile_key(lyr, input_bytes(net, lyr)), fwd_fixed_s=1e-3, fwd_per_sample_s=1e-4, bwd_fixed_s=1e-3,
+        bwd_per_sample_s=1e-4) for lyr in net.layers}
+    cal = replace(cal, device=replace(cal.device, profiled_layers=tuple(profile.values())))
+    assert any(k.split("|")[0] not in hardware.COMPUTE_BOUND_OPS for k in profile)
+    steady = validate.prediction({**r, "pace": {"speed": 1.0, "probes": n}}, emu, cal)
+    slow_memory = validate.prediction({**r, "pace": {"speed": 1.0, "probes": n, "memory_speed": 0.5}}, emu, cal)
+    assert slow_memory["predicted_step_s"] > steady["predicted_step_s"] * 1.01
+
+
 def test_the_pace_is_set_against_the_probe_around_the_calibrations_layer_profile():
     """The rows' load probes are read against the machine's speed while the calibration timed the
     layers the predictions use (its profile's kept reading), not the probes either side of the
@@ -798,7 +825,7 @@ def test_a_row_run_while_the_cores_were_disturbed_runs_again_and_the_steadier_ru
     cal = hardware.resolve_cluster("local-cpu")
     doc = validate.validate(m, tmp_path, cal, speed_reference=29e9, load_reference=29e9, memory_reference=0.003)
     rows = {r["strategy"]: r for r in doc["rows"]}
-    # the memory probe's slower reading around the run kept against the reference: a record
+    # the memory probe's slower reading around the run kept against the reference
     assert rows["ps"]["memory_speed"] == pytest.approx(1.0) and rows["allreduce"]["memory_speed"] == pytest.approx(0.75)
     assert doc["memory_reference_s"] == 0.003 and next(mems, None) is None
     assert doc["summary"]["memory_speed"] == {"rows": 2, "median": pytest.approx(0.875), "min": 0.75, "max": 1.0}
@@ -879,3 +906,40 @@ def test_a_matrix_can_take_an_unsteady_link_once(monkeypatch):
     got = validate.measure_rate_links(emu, sleep=waits.append, most=validate.MATRICES["quick"].link_tries)
     assert got["rate_bytes_per_s"] == 1.06e8 and len(got["tries"]) == 1 and waits == []
     assert validate.MATRICES["full"].link_tries in (0, validate.LINK_TRIES)
+
+
+def test_a_link_unsteady_on_every_try_is_measured_again_after_the_rows_and_they_are_predicted_with_it(
+        tmp_path, monkeypatch):
+    """LINK_AGAIN_BELOW: every try before the rows read far off steady (another guest had the
+    machine), so the link is measured again after them; the steadier later reading replaces the
+    first in every row of the rate, which is predicted again with it, and the rows list every try.
+    A link steady, or nearly, before its rows is measured once."""
+    from layerplan import hardware
+
+    steps = {"allreduce": [0.5, 0.5], "stanza": [0.4, 0.4]}
+    fake_matrix_loop(monkeypatch, steps)
+    probing(monkeypatch, lambda: 29e9)
+    before = {"cpu_s_per_byte": 2.6e-9, "rate_bytes_per_s": 0.6e8, "duplex": None, "tries": [0.50, 0.52, 0.51]}
+    after = {"cpu_s_per_byte": 1.2e-9, "rate_bytes_per_s": 1.1e8, "duplex": None, "tries": [0.92]}
+    readings = [before, after]
+    monkeypatch.setattr(validate, "measure_rate_links", lambda emu, progress=None, most=3: readings.pop(0))
+    monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {  # the faster link, the faster step
+        "predicted_step_s": 1e7 / row["link_payload_bytes_per_s"], "error": 0.0, "preset_error": 0.0,
+        "predicted_throughput": 32e-7 * row["link_payload_bytes_per_s"]})
+    said = []
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "stanza"),
+                        target_s=20.0, max_steps=30, decide_s=0.0)
+    doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
+                            load_reference=29e9, memory_reference=0.003, progress=said.append)
+    assert readings == [] and any("measured again after them" in s for s in said)
+    for r in doc["rows"]:
+        assert r["link_payload_bytes_per_s"] == 1.1e8 and r["link_cpu_s_per_byte"] == 1.2e-9
+        assert r["link_tries"] == [0.50, 0.52, 0.51, 0.92] and r["link_tries_after_rows"] == 1
+        assert r["predicted_step_s"] == pytest.approx(1e7 / 1.1e8)
+
+    for tries in ([1.02], [0.8, validate.LINK_AGAIN_BELOW + 0.01]):  # steady, or nearly, before the rows: once
+        readings = [{**before, "tries": tries}]
+        steps.update(allreduce=[0.5, 0.5], stanza=[0.4, 0.4])
+        doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
+                                load_reference=29e9, memory_reference=0.003)
+        assert readings == [] and all(r["link_tries"] == tries and "link_tries_after_rows" not in r for r in doc["rows"])

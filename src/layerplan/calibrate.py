@@ -1563,10 +1563,9 @@ def memory_probe(window_s: float = MEMORY_PROBE_WINDOW_S, threads: int = 2) -> f
     batch of 32) — the work ``speed_probe``'s convolution and matrix product do not time. A host's
     other tenants can slow the caches and memory without slowing those: in host-slowed full runs
     the rows of resnet_cifar, rich in such layers, ran up to 1.3× as long as both cores' compute
-    probe said. ``validate`` records it around every row (``memory_speed``) against its reading
-    at calibration time. A record only: one host-slowed full run repredicted at its pace (for every
-    layer but the convolutions and matrix products, and the memory bandwidths) erred a median
-    4.7%, p90 15.3%, max 45.7% against 4.2 / 14.8 / 44.3% at the compute probe's pace."""
+    probe said. ``validate`` runs it around every row (``memory_speed``) against its reading at
+    calibration time and predicts the layers that are not matrix products at its pace over the rows
+    before (``validate.MEMORY_PACE``)."""
     import statistics
 
     import torch
