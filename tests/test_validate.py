@@ -4,6 +4,7 @@ rows built in the test, the matrix it runs, and one real end-to-end run on an em
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 
@@ -666,11 +667,17 @@ def test_contenders_check_a_fastest_measured_disturbed_against_the_predicted_bes
 
 
 def probing(monkeypatch, both_cores, memory=lambda: 0.003) -> None:
-    """The rate's link measurements stubbed out, and the probes around each run faked: one
-    thread reads 29 GFLOP/s; ``both_cores()`` gives both cores' reading, ``memory()`` the memory
-    probe's seconds a call."""
+    """The rate's link measurements stubbed out (and taken without reading the machine first:
+    ``link_apart`` has its own tests), and the probes around each run faked: one thread reads 29
+    GFLOP/s; ``both_cores()`` gives both cores' reading, ``memory()`` the memory probe's seconds a
+    call."""
     from layerplan import calibrate
     from layerplan.runtime import emulate
+
+    links = validate.measure_rate_links
+    monkeypatch.setattr(validate, "measure_rate_links",
+                        lambda emu, progress=None, sleep=None, most=validate.LINK_TRIES, probe=None:
+                        links(emu, progress, sleep or (lambda s: None), most))
 
     monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
     monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
@@ -893,6 +900,86 @@ def test_unsteady_link_measurements_are_taken_again_and_the_steadiest_kept(monke
     assert got["tries"] == [pytest.approx(1.195e8 / 1.25e8 / validate.LINK_STEADY)] and waits == []
 
 
+def test_link_apart_compares_the_machine_at_the_links_measurement_with_its_rows():
+    rows = [{"load_speed": 0.95, "memory_speed": 0.9}, {"load_speed": 1.0, "memory_speed": 0.7},
+            {"load_speed": 0.9, "memory_speed": 0.8}]
+    assert validate.link_apart({"load_speed": 0.93, "memory_speed": 0.85}, rows) is None  # alike
+    why = validate.link_apart({"load_speed": 0.93, "memory_speed": 0.4}, rows)  # the memory slowed half
+    assert why == "the memory read 0.40× then, 0.80× around its rows"
+    assert validate.link_apart({"load_speed": 1.3, "memory_speed": 0.8}, rows).startswith("both cores read 1.30×")
+    assert validate.link_apart(None, rows) is None and validate.link_apart({"load_speed": 0.1}, []) is None
+    assert validate.probe_distance({"load_speed": 0.95, "memory_speed": 0.8}, rows) == pytest.approx(0.0)
+    assert validate.probe_distance({"load_speed": 0.95, "memory_speed": 0.4}, rows) == pytest.approx(math.log(2))
+    assert validate.probe_distance(None, rows) == math.inf
+
+
+def test_measure_rate_links_reads_the_machine_before_each_try_and_keeps_the_kept_trys_reading(monkeypatch):
+    from layerplan.runtime import emulate
+
+    emu = emulate.Emulated(name="t", hosts=2, rate_bytes_per_s=1.25e8, subnet=0)
+    links = iter([(4.7e-9, 1.06e8), (1.0e-9, 1.195e8)])  # 0.91, then 1.03 of steady
+    monkeypatch.setattr(validate, "measure_link", lambda e: next(links))
+    monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
+    probes = iter([{"load_speed": 0.5, "memory_speed": 0.6}, {"load_speed": 0.97, "memory_speed": 0.9}])
+    got = validate.measure_rate_links(emu, sleep=lambda s: None, probe=lambda: next(probes))
+    assert got["probe"] == {"load_speed": 0.97, "memory_speed": 0.9} and got["cpu_s_per_byte"] == 1.0e-9
+    links = iter([(1.0e-9, 1.195e8)])
+    assert validate.measure_rate_links(emu, sleep=lambda s: None)["probe"] is None  # no probe, no reading
+
+
+def test_a_link_measured_on_a_machine_unlike_its_rows_is_measured_again_after_them(tmp_path, monkeypatch):
+    """LINK_PROBE_APART: the link read steady in payload, but the machine's probes just before it
+    read far from the rows' (vf108: 22 ns of CPU a byte where 4-5 is usual): measured again after
+    the rows, the reading nearer the rows' conditions kept and the rows predicted with it. A reading
+    farther from them leaves the first one."""
+    import io
+
+    from rich.console import Console
+
+    from layerplan import hardware
+
+    steps = {"allreduce": [0.5, 0.5], "stanza": [0.4, 0.4]}
+    fake_matrix_loop(monkeypatch, steps)
+    probing(monkeypatch, lambda: 29e9)  # every row: both cores and the memory at 1.0× their reference
+    before = {"cpu_s_per_byte": 22e-9, "rate_bytes_per_s": 1.19e8, "duplex": None, "tries": [1.01],
+              "probe": {"load_speed": 0.55, "memory_speed": 0.5}}
+    after = {"cpu_s_per_byte": 4.5e-9, "rate_bytes_per_s": 1.19e8, "duplex": None, "tries": [1.02],
+             "probe": {"load_speed": 0.97, "memory_speed": 1.02}}
+    readings = [before, after]
+    monkeypatch.setattr(validate, "measure_rate_links", lambda emu, progress=None, most=3, probe=None: readings.pop(0))
+    monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {  # the CPU-cheaper link, the faster step
+        "predicted_step_s": 1e8 * row["link_cpu_s_per_byte"], "error": 0.0, "preset_error": 0.0,
+        "predicted_throughput": 32 / (1e8 * row["link_cpu_s_per_byte"]), "link_efficiency": 0.952,
+        "link_duplex_efficiency": 1.0})
+    said = []
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "stanza"),
+                        target_s=20.0, max_steps=30, decide_s=0.0)
+    doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
+                            load_reference=29e9, memory_reference=0.003, progress=said.append)
+    assert readings == [] and any("unlike its rows'" in s and "measured again after them" in s for s in said)
+    for r in doc["rows"]:
+        assert r["link_cpu_s_per_byte"] == 4.5e-9 and r["predicted_step_s"] == pytest.approx(0.45)
+        assert r["link_tries"] == [1.01, 1.02] and r["link_tries_after_rows"] == 1 and r["link_later_kept"]
+        assert r["link_probe"] == after["probe"] and "both cores read 0.55× then" in r["link_again"]
+    out = io.StringIO()
+    validate.print_summary(doc, Console(file=out, width=400))
+    assert "(1 after its rows: it was measured on a machine unlike its rows' (both cores read 0.55×" in out.getvalue()
+    assert "the later reading kept" in out.getvalue()
+
+    farther = {**after, "cpu_s_per_byte": 30e-9, "probe": {"load_speed": 0.4, "memory_speed": 0.5}}
+    readings = [before, farther]
+    steps.update(allreduce=[0.5, 0.5], stanza=[0.4, 0.4])
+    doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
+                            load_reference=29e9, memory_reference=0.003)
+    assert readings == [] and all(r["link_cpu_s_per_byte"] == 22e-9 and not r["link_later_kept"] for r in doc["rows"])
+
+    readings = [{**before, "probe": {"load_speed": 0.95, "memory_speed": 1.1}}]  # alike: measured once
+    steps.update(allreduce=[0.5, 0.5], stanza=[0.4, 0.4])
+    doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
+                            load_reference=29e9, memory_reference=0.003)
+    assert readings == [] and all("link_again" not in r and r["link_tries"] == [1.01] for r in doc["rows"])
+
+
 def test_a_matrix_can_take_an_unsteady_link_once(monkeypatch):
     """``Matrix.link_tries``: --quick measures a rate's link once, steady or not (its ten minutes
     have no room for two tries more); --full up to LINK_TRIES."""
@@ -922,7 +1009,7 @@ def test_a_link_unsteady_on_every_try_is_measured_again_after_the_rows_and_they_
     before = {"cpu_s_per_byte": 2.6e-9, "rate_bytes_per_s": 0.6e8, "duplex": None, "tries": [0.50, 0.52, 0.51]}
     after = {"cpu_s_per_byte": 1.2e-9, "rate_bytes_per_s": 1.1e8, "duplex": None, "tries": [0.92]}
     readings = [before, after]
-    monkeypatch.setattr(validate, "measure_rate_links", lambda emu, progress=None, most=3: readings.pop(0))
+    monkeypatch.setattr(validate, "measure_rate_links", lambda emu, progress=None, most=3, probe=None: readings.pop(0))
     monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {  # the faster link, the faster step
         "predicted_step_s": 1e7 / row["link_payload_bytes_per_s"], "error": 0.0, "preset_error": 0.0,
         "predicted_throughput": 32e-7 * row["link_payload_bytes_per_s"]})
