@@ -1,0 +1,121 @@
+"""How much compute a shaped link's traffic takes from the cores it shares, on the emulated cluster.
+
+Two compute processes (one thread each: a convolution's forward and backward in a loop, as a CONV
+worker's backward runs) keep this machine's cores busy; in the middle of their window two emulated
+hosts all-reduce 20 MB buffers over a link shaped to RATE (gloo, one thread each, as DDP's buckets
+go). Prints, per rate: the compute loop's pace without traffic and during it, the cores' worth the
+traffic took from compute (2 cores × the pace lost), and the ratio of that to the CPU time the two
+all-reducing processes account for themselves (the peer: what a per-byte CPU charge measured on an
+idle machine sees). Above 1, the traffic costs the compute more than the CPU it is charged: its
+threads wake on cores busy with compute and the compute refills its caches after each wake-up.
+Asserts nothing; needs root or an unprivileged user namespace (skips with the reason otherwise).
+
+    python benchmarks/comm_interference.py [--rates 100Mbit,1Gbit,10Gbit] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+COMPUTE = r"""
+import sys, time, torch
+torch.set_num_threads(1)
+x = torch.randn(16, 128, 16, 16, requires_grad=True)
+conv = torch.nn.Conv2d(128, 128, 3, padding=1)
+end, marks = time.time() + float(sys.argv[1]), []
+while time.time() < end:
+    conv(x).sum().backward()
+    marks.append(time.time())
+print(" ".join(f"{m:.4f}" for m in marks))
+"""
+
+ALLREDUCE = r"""
+import datetime, json, os, time, torch, torch.distributed as dist
+torch.set_num_threads(1)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+buf = torch.zeros(5_000_000)
+start, stop = float(os.environ["T_START"]), float(os.environ["T_STOP"])
+while time.time() < start:
+    time.sleep(0.01)
+n, t0, c0 = 0, time.time(), time.process_time()
+while time.time() < stop:
+    dist.all_reduce(buf)
+    n += 1
+t1, cpu = time.time(), time.process_time() - c0
+print(json.dumps({"calls": n, "t0": t0, "t1": t1, "bytes": n * buf.numel() * 4, "cpu_s": cpu}))
+"""
+
+WINDOW_S, QUIET_S, TRAFFIC_S = 16.0, 7.0, 5.0
+
+
+def once(rate: str, port: int) -> dict:
+    """One window: compute alone, then with the all-reduce, then alone again."""
+    from layerplan.runtime import emulate
+
+    with emulate.running(2, rate) as emu:
+        now = time.time()
+        start, stop = now + QUIET_S, now + QUIET_S + TRAFFIC_S
+        comps = [subprocess.Popen([sys.executable, "-c", COMPUTE, str(WINDOW_S)], stdout=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        ranks = [subprocess.Popen([*emu.exec_prefix(i), sys.executable, "-c", ALLREDUCE], stdout=subprocess.PIPE,
+                                  text=True, env={**os.environ, **emulate.host_env(emu, i, 2, port=port),
+                                                  "T_START": str(start), "T_STOP": str(stop)})
+                 for i in range(2)]
+        ar = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in ranks]
+        marks = [[float(m) for m in p.communicate(timeout=120)[0].split()] for p in comps]
+    first = max(min(m[0] for m in marks), now) + 0.5  # after the compute processes' start-up
+    last = min(m[-1] for m in marks)
+
+    def pace(a: float, b: float) -> float:
+        return sum(1 for ms in marks for m in ms if a <= m < b)
+
+    t0, t1 = ar[0]["t0"] + 0.2, ar[0]["t1"]
+    quiet = (pace(first, start) + pace(stop + 0.5, last)) / ((start - first) + (last - stop - 0.5))
+    busy = pace(t0, t1) / (t1 - t0)
+    lost_cores = 2.0 * (1.0 - busy / quiet)
+    accounted_cores = sum(r["cpu_s"] for r in ar) / (ar[0]["t1"] - ar[0]["t0"])
+    return {"quiet_per_s": quiet, "busy_per_s": busy, "lost_cores": lost_cores, "accounted_cores": accounted_cores,
+            "bytes_per_s": ar[0]["bytes"] / (ar[0]["t1"] - ar[0]["t0"])}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rates", default="100Mbit,1Gbit,10Gbit")
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args(argv)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from layerplan.runtime import emulate
+
+    con = Console(highlight=False)
+    try:
+        emulate.check_available()
+    except emulate.EmulationError as e:
+        con.print(f"skipped: {e}")
+        return 0
+    table = Table(title="compute taken by a shaped link's all-reduce (2 compute threads on the cores)")
+    for col in ("rate", "compute pace alone", "during the all-reduce", "cores taken", "all-reduce's own CPU",
+                "taken / own", "all-reduce payload"):
+        table.add_column(col, justify="right")
+    for rate in args.rates.split(","):
+        runs = [once(rate, 29640 + i) for i in range(args.repeats)]
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        spread = ", ".join(f"{r['lost_cores']:.2f}" for r in runs)
+        table.add_row(rate, f"{med['quiet_per_s']:.1f}/s", f"{med['busy_per_s']:.1f}/s ({med['busy_per_s'] / med['quiet_per_s']:.2f}×)",
+                      f"{med['lost_cores']:.2f} ({spread})", f"{med['accounted_cores']:.2f} cores",
+                      f"{med['lost_cores'] / med['accounted_cores']:.1f}×" if med["accounted_cores"] > 0 else "—",
+                      f"{med['bytes_per_s'] / 1e6:.1f} MB/s a rank")
+    con.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
