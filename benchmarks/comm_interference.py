@@ -109,8 +109,8 @@ def main(argv=None) -> int:
         runs = [once(rate, 29640 + i) for i in range(args.repeats)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         spread = ", ".join(f"{r['lost_cores']:.2f}" for r in runs)
-        table.add_row(rate, f"{med['quiet_per_s']:.1f}/s", f"{med['busy_per_s']:.1f}/s ({med['busy_per_s'] / med['quiet_per_s']:.2f}×)",
-                      f"{med['lost_cores']:.2f} ({spread})", f"{med['accounted_cores']:.2f} cores",
+        table.add_row(rate, f"{med['quiet_per_s']:.1f} passes/s", f"{med['busy_per_s']:.1f} passes/s ({med['busy_per_s'] / med['quiet_per_s']:.2f}×)",
+                      f"{med['lost_cores']:.2f} cores ({spread})", f"{med['accounted_cores']:.2f} cores",
                       f"{med['lost_cores'] / med['accounted_cores']:.1f}×" if med["accounted_cores"] > 0 else "—",
                       f"{med['bytes_per_s'] / 1e6:.1f} MB/s a rank")
     con.print(table)
