@@ -8,7 +8,9 @@ traffic took from compute (2 cores × the pace lost), and the ratio of that to t
 all-reducing processes account for themselves (the peer: what a per-byte CPU charge measured on an
 idle machine sees). Above 1, the traffic costs the compute more than the CPU it is charged: its
 threads wake on cores busy with compute and the compute refills its caches after each wake-up.
-Asserts nothing; needs root or an unprivileged user namespace (skips with the reason otherwise).
+Also prints, per window of WINDOW_SLICE_S, the slower compute process's pace over the two's mean,
+without traffic and during it: where the traffic's CPU lands on one process's core rather than
+spread over both, it falls during the traffic. Asserts nothing; needs root or an unprivileged user namespace (skips with the reason otherwise).
 
     python benchmarks/comm_interference.py [--rates 100Mbit,1Gbit,10Gbit] [--repeats 2]
 """
@@ -16,6 +18,7 @@ Asserts nothing; needs root or an unprivileged user namespace (skips with the re
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -52,6 +55,7 @@ print(json.dumps({"calls": n, "t0": t0, "t1": t1, "bytes": n * buf.numel() * 4, 
 """
 
 WINDOW_S, QUIET_S, TRAFFIC_S = 16.0, 7.0, 5.0
+WINDOW_SLICE_S = 0.25  # about one DDP bucket's all-reduce at 1 Gbit/s: how long a rank's lag can build
 
 
 def once(rate: str, port: int) -> dict:
@@ -79,8 +83,31 @@ def once(rate: str, port: int) -> dict:
     quiet = (pace(first, start) + pace(stop + 0.5, last)) / ((start - first) + (last - stop - 0.5))
     busy = pace(t0, t1) / (t1 - t0)
     lost_cores = 2.0 * (1.0 - busy / quiet)
+    alone = [(sum(1 for m in ms if first <= m < start) + sum(1 for m in ms if stop + 0.5 <= m < last))
+             / ((start - first) + (last - stop - 0.5)) for ms in marks]  # each process's own pace alone
+
+    def done(ms: list[float], t: float) -> float:
+        """Passes done by time t, counting the pass under way by the share of it elapsed."""
+        i = bisect.bisect_right(ms, t)
+        if i == 0 or i == len(ms):
+            return float(i)
+        return i + (t - ms[i - 1]) / (ms[i] - ms[i - 1])
+
+    def slowest(a: float, b: float) -> float:
+        """Per window of WINDOW_SLICE_S in [a, b): the slower process's pace over the two's mean
+        (each against its own pace alone), averaged over the windows."""
+        out = []
+        w = a
+        while w + WINDOW_SLICE_S <= b:
+            r = [(done(ms, w + WINDOW_SLICE_S) - done(ms, w)) / WINDOW_SLICE_S / p for ms, p in zip(marks, alone)]
+            if sum(r) > 0:
+                out.append(min(r) / (sum(r) / len(r)))
+            w += WINDOW_SLICE_S
+        return statistics.fmean(out) if out else float("nan")
+
     accounted_cores = sum(r["cpu_s"] for r in ar) / (ar[0]["t1"] - ar[0]["t0"])
     return {"quiet_per_s": quiet, "busy_per_s": busy, "lost_cores": lost_cores, "accounted_cores": accounted_cores,
+            "slowest_quiet": slowest(first, start), "slowest_busy": slowest(t0, t1),
             "bytes_per_s": ar[0]["bytes"] / (ar[0]["t1"] - ar[0]["t0"])}
 
 
@@ -103,15 +130,16 @@ def main(argv=None) -> int:
         return 0
     table = Table(title="compute taken by a shaped link's all-reduce (2 compute threads on the cores)")
     for col in ("rate", "compute pace alone", "during the all-reduce", "cores taken", "all-reduce's own CPU",
-                "taken / own", "all-reduce payload"):
+                "taken / own", "slower of the two / mean (alone → traffic)", "all-reduce payload"):
         table.add_column(col, justify="right")
     for rate in args.rates.split(","):
         runs = [once(rate, 29640 + i) for i in range(args.repeats)]
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        med = {k: statistics.median([r[k] for r in runs if r[k] == r[k]] or [float("nan")]) for k in runs[0]}  # nan: no window
         spread = ", ".join(f"{r['lost_cores']:.2f}" for r in runs)
         table.add_row(rate, f"{med['quiet_per_s']:.1f} passes/s", f"{med['busy_per_s']:.1f} passes/s ({med['busy_per_s'] / med['quiet_per_s']:.2f}×)",
                       f"{med['lost_cores']:.2f} cores ({spread})", f"{med['accounted_cores']:.2f} cores",
                       f"{med['lost_cores'] / med['accounted_cores']:.1f}×" if med["accounted_cores"] > 0 else "—",
+                      f"{med['slowest_quiet']:.2f} → {med['slowest_busy']:.2f}",
                       f"{med['bytes_per_s'] / 1e6:.1f} MB/s a rank")
     con.print(table)
     return 0
