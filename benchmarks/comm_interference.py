@@ -10,7 +10,8 @@ idle machine sees). Above 1, the traffic costs the compute more than the CPU it 
 threads wake on cores busy with compute and the compute refills its caches after each wake-up.
 Also prints, per window of WINDOW_SLICE_S, the slower compute process's pace over the two's mean,
 without traffic and during it: where the traffic's CPU lands on one process's core rather than
-spread over both, it falls during the traffic. Asserts nothing; needs root or an unprivileged user namespace (skips with the reason otherwise).
+spread over both, it falls during the traffic. Asserts nothing; needs root or an unprivileged user
+namespace (skips with the reason otherwise).
 
     python benchmarks/comm_interference.py [--rates 100Mbit,1Gbit,10Gbit] [--repeats 2]
 """
@@ -75,16 +76,20 @@ def once(rate: str, port: int) -> dict:
         marks = [[float(m) for m in p.communicate(timeout=120)[0].split()] for p in comps]
     first = max(min(m[0] for m in marks), now) + 0.5  # after the compute processes' start-up
     last = min(m[-1] for m in marks)
+    quiet_spans = [(a, b) for a, b in ((first, start), (stop + 0.5, last)) if b > a]  # compute alone: around the traffic
 
-    def pace(a: float, b: float) -> float:
-        return sum(1 for ms in marks for m in ms if a <= m < b)
+    def passes(ms: list[float], a: float, b: float) -> int:
+        return sum(1 for m in ms if a <= m < b)
+
+    def pace_over(spans: list[tuple[float, float]], which: list[list[float]]) -> float:
+        """Passes a second of the processes ``which`` together over ``spans``."""
+        return sum(passes(ms, a, b) for ms in which for a, b in spans) / sum(b - a for a, b in spans)
 
     t0, t1 = ar[0]["t0"] + 0.2, ar[0]["t1"]
-    quiet = (pace(first, start) + pace(stop + 0.5, last)) / ((start - first) + (last - stop - 0.5))
-    busy = pace(t0, t1) / (t1 - t0)
+    quiet = pace_over(quiet_spans, marks)
+    busy = pace_over([(t0, t1)], marks)
     lost_cores = 2.0 * (1.0 - busy / quiet)
-    alone = [(sum(1 for m in ms if first <= m < start) + sum(1 for m in ms if stop + 0.5 <= m < last))
-             / ((start - first) + (last - stop - 0.5)) for ms in marks]  # each process's own pace alone
+    alone = [pace_over(quiet_spans, [ms]) for ms in marks]  # each process's own pace alone
 
     def done(ms: list[float], t: float) -> float:
         """Passes done by time t, counting the pass under way by the share of it elapsed."""
@@ -93,21 +98,22 @@ def once(rate: str, port: int) -> dict:
             return float(i)
         return i + (t - ms[i - 1]) / (ms[i] - ms[i - 1])
 
-    def slowest(a: float, b: float) -> float:
-        """Per window of WINDOW_SLICE_S in [a, b): the slower process's pace over the two's mean
-        (each against its own pace alone), averaged over the windows."""
+    def slowest(spans: list[tuple[float, float]]) -> float:
+        """Per window of WINDOW_SLICE_S in ``spans``: the slower process's pace over the two's mean
+        (each against its own pace alone), averaged over the windows (nan: no whole window)."""
         out = []
-        w = a
-        while w + WINDOW_SLICE_S <= b:
-            r = [(done(ms, w + WINDOW_SLICE_S) - done(ms, w)) / WINDOW_SLICE_S / p for ms, p in zip(marks, alone)]
-            if sum(r) > 0:
-                out.append(min(r) / (sum(r) / len(r)))
-            w += WINDOW_SLICE_S
+        for a, b in spans:
+            w = a
+            while w + WINDOW_SLICE_S <= b:
+                r = [(done(ms, w + WINDOW_SLICE_S) - done(ms, w)) / WINDOW_SLICE_S / p for ms, p in zip(marks, alone)]
+                if sum(r) > 0:
+                    out.append(min(r) / (sum(r) / len(r)))
+                w += WINDOW_SLICE_S
         return statistics.fmean(out) if out else float("nan")
 
     accounted_cores = sum(r["cpu_s"] for r in ar) / (ar[0]["t1"] - ar[0]["t0"])
     return {"quiet_per_s": quiet, "busy_per_s": busy, "lost_cores": lost_cores, "accounted_cores": accounted_cores,
-            "slowest_quiet": slowest(first, start), "slowest_busy": slowest(t0, t1),
+            "slowest_quiet": slowest(quiet_spans), "slowest_busy": slowest([(t0, t1)]),
             "bytes_per_s": ar[0]["bytes"] / (ar[0]["t1"] - ar[0]["t0"])}
 
 
