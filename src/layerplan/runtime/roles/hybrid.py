@@ -93,6 +93,7 @@ class ConvWorker(RoleBase):
             h = self.head(x)
             act = h.detach().contiguous()
             grads = [torch.empty_like(act) for _ in self.targets]
+        self.meter.mark("conv_fwd")  # the schedule's tasks (strategies/hybrid.py) that end here
         works = [self.isend(act, f, htag(s, ACT)) for f in self.targets]
         works += [self.irecv(g, f, htag(s, GRAD)) for g, f in zip(grads, self.targets)]
         self.wait(works)
@@ -104,8 +105,10 @@ class ConvWorker(RoleBase):
             h.backward(grad)
             if self.group is not None:
                 flat = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
+        self.meter.mark("conv_bwd")
         if self.group is not None:
             self.all_reduce(flat, group=self.group)
+            self.meter.mark("conv_allreduce")
             with self.meter.compute():
                 set_grads(self.params, flat)
         with self.meter.compute():
@@ -320,6 +323,7 @@ class FcMachine(RoleBase):
             with self.meter.compute():
                 x = x.detach().requires_grad_(True)
                 out = blk.piece(x)
+            self.meter.mark(f"fwd_{blk.fc}")  # the schedule's tasks (strategies/hybrid.py) that end here
             xs.append(x)
             outs.append(out)
         last = self.blocks[-1]
@@ -339,6 +343,7 @@ class FcMachine(RoleBase):
             with self.meter.compute():
                 outs[i].backward(g)
                 gx = xs[i].grad
+            self.meter.mark(f"bwd_{blk.fc}")
             if not blk.partitioned and self.group is not None and blk.params:
                 with self.meter.compute():
                     flat = flat_grads(blk.params, out=self.scratch(f"grad{i}", (sum(p.numel() for p in blk.params),),
@@ -354,6 +359,7 @@ class FcMachine(RoleBase):
             for blk, flat, _ in reduces:
                 set_grads(blk.params, flat)
             self.opt.step()
+        self.meter.mark("fc_update")
         rows = self._nrows(self.j)
         part = loss.item()
         self.meter.loss(part, shown=part * self.G / rows if rows else None)
