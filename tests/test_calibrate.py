@@ -461,6 +461,20 @@ def test_speed_probe_on_one_thread_and_on_loaded_cores():
     assert 0 < mem < 1 and torch.get_num_threads() == threads
 
 
+def test_net_probe_times_the_nets_own_training_pass_and_keeps_the_net():
+    """Seconds of a zoo net's cross-entropy forward and backward, two threads at once, the net built
+    once: a second call reuses it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    first = calibrate.net_probe("debug", window_s=0.02, batch=4)
+    assert 0 < first < 1 and torch.get_num_threads() == threads
+    kept = calibrate._NET_PROBE_CALLS[("debug", 2, 4)]
+    assert len(kept) == 2
+    assert 0 < calibrate.net_probe("debug", window_s=0.02, batch=4) < 1
+    assert calibrate._NET_PROBE_CALLS[("debug", 2, 4)] is kept
+
+
 def test_an_emulated_calibration_keeps_the_links_measured_flow_lead():
     from layerplan.runtime import emulate
 

@@ -329,6 +329,42 @@ def test_the_pace_is_the_median_load_probe_of_the_rows_before():
     assert [r["pace"] for r in paced] == [None, {"speed": 1.0, "probes": 1}, {"speed": 1.0, "probes": 2}]
 
 
+def test_the_pace_follows_the_field_pace_field_names(monkeypatch):
+    """``PACE_FIELD``: the pace follows the rows' ``net_speed`` (their own nets' passes) instead of
+    their ``load_speed`` where it says so."""
+    rows = [{"load_speed": 0.8, "net_speed": 1.0}] * 3
+    assert validate.pace(rows)["speed"] == 0.8
+    monkeypatch.setattr(validate, "PACE_FIELD", "net_speed")
+    assert validate.pace(rows)["speed"] == 1.0 and validate.pace([{"load_speed": 0.8}]) is None
+
+
+def test_each_row_records_its_own_nets_pass_against_the_calibration_times(tmp_path, monkeypatch):
+    """Around each run the row's own net's training pass is timed (``calibrate.net_probe``): its
+    ``net_speed`` is the calibration-time pass over the slower of the two; the references are kept
+    with the result, and a net without one is timed when the rows start."""
+    from layerplan import hardware
+
+    fake_matrix_loop(monkeypatch, {"allreduce": [0.1], "ps": [0.2]})
+    passes = iter([0.1, 0.125, 0.08, 0.05])  # allreduce's before and after, then ps's
+    probing(monkeypatch, lambda: 29e9, net_pass=lambda net: next(passes))
+    predicting(monkeypatch, {"allreduce": 100.0, "ps": 50.0})
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "ps"),
+                        target_s=20.0, max_steps=30)
+    doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
+                            load_reference=29e9, memory_reference=0.003, net_reference={"resnet_cifar": 0.1})
+    rows = {r["strategy"]: r for r in doc["rows"]}
+    assert rows["allreduce"]["net_speed"] == pytest.approx(0.8) and rows["allreduce"]["net_probe_s"] == [0.1, 0.125]
+    assert rows["ps"]["net_speed"] == pytest.approx(0.1 / 0.08)
+    assert doc["net_reference_s"] == {"resnet_cifar": 0.1}
+    assert validate.load_json(tmp_path / "validate.json")["net_reference_s"] == {"resnet_cifar": 0.1}
+    timed = iter([0.2, 0.1, 0.1, 0.1, 0.1])  # no reference: the net timed before the rows
+    fake_matrix_loop(monkeypatch, {"allreduce": [0.1], "ps": [0.2]})
+    probing(monkeypatch, lambda: 29e9, net_pass=lambda net: next(timed))
+    doc = validate.validate(m, tmp_path / "again", hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
+                            load_reference=29e9, memory_reference=0.003)
+    assert doc["net_reference_s"] == {"resnet_cifar": 0.2} and doc["rows"][0]["net_speed"] == pytest.approx(2.0)
+
+
 def test_the_pace_carries_the_memory_probes_median_over_the_rows_before():
     """MEMORY_PACE: the pace's ``memory_speed`` is the median ``memory_speed`` of the last
     PACE_PROBES rows before that have one; a row predicted at it takes longer where the memory
@@ -666,7 +702,7 @@ def test_contenders_check_a_fastest_measured_disturbed_against_the_predicted_bes
     assert validate.disturbed(rows[2]) and not validate.disturbed(steady[2]) and not validate.disturbed(rows[1])
 
 
-def probing(monkeypatch, both_cores, memory=lambda: 0.003) -> None:
+def probing(monkeypatch, both_cores, memory=lambda: 0.003, net_pass=lambda net: 0.1) -> None:
     """The rate's link measurements stubbed out (and taken without reading the machine first:
     ``link_apart`` has its own tests), and the probes around each run faked: one thread reads 29
     GFLOP/s; ``both_cores()`` gives both cores' reading, ``memory()`` the memory probe's seconds a
@@ -684,6 +720,7 @@ def probing(monkeypatch, both_cores, memory=lambda: 0.003) -> None:
     monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
     monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: both_cores() if threads == 2 else 29e9)
     monkeypatch.setattr(calibrate, "memory_probe", lambda window_s=0.1, threads=2: memory())
+    monkeypatch.setattr(calibrate, "net_probe", lambda net, window_s=0.4, threads=2, batch=16: net_pass(net))
 
 
 def test_a_steady_deciding_run_replaces_a_rows_disturbed_one(tmp_path, monkeypatch):

@@ -1553,6 +1553,56 @@ def _timed_calls(calls: Sequence[Callable[[], None]], window_s: float) -> list[l
     return times
 
 
+NET_PROBE_WINDOW_S = 0.4
+"""``net_probe``'s window: about one vgg16_cifar pass a thread at batch 16 on a 2-core host."""
+_NET_PROBE_CALLS: dict[tuple[str, int, int], list[Callable[[], None]]] = {}
+
+
+def net_probe(net_name: str, window_s: float = NET_PROBE_WINDOW_S, threads: int = 2, batch: int = 16) -> float:
+    """Seconds of zoo net ``net_name``'s own training pass now (cross-entropy forward and backward
+    of the whole net at ``batch``, one thread each), the median over ``threads`` threads running it
+    at once for ``window_s`` (at least one pass each): the work a validate row runs, where
+    ``speed_probe``'s convolution and matrix product are a stand-in for it. A host's other tenants
+    need not slow the two alike: in one full run both cores' probe read a median 0.81× its
+    calibration-time speed around the rows while the rows' steps reached their marked points at
+    0.83× the time predicted at that pace (their compute ran at the calibration's speed). The net
+    and its inputs are built once per (net, threads, batch) and kept."""
+    import copy
+
+    import torch
+
+    key = (net_name, threads, batch)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        calls = _NET_PROBE_CALLS.get(key)
+        if calls is None:
+            from layerplan.netspec import zoo
+
+            module, in_shape = zoo.build(net_name)
+            module.train()
+            gen = torch.Generator().manual_seed(0)
+
+            def make(m):
+                params = [p for p in m.parameters() if p.requires_grad]
+                x = torch.randn(batch, *in_shape, generator=gen)
+                with torch.no_grad():
+                    classes = m(x[:1]).shape[-1]
+                y = torch.randint(0, classes, (batch,), generator=gen)
+
+                def call() -> None:
+                    torch.autograd.grad(torch.nn.functional.cross_entropy(m(x), y), params)
+                return call
+
+            calls = [make(module if j == 0 else copy.deepcopy(module)) for j in range(threads)]
+            for c in calls:  # warm-up: the allocator, the kernels
+                c()
+            _NET_PROBE_CALLS[key] = calls
+        return statistics.median(t for ts in _timed_calls(calls, window_s) for t in ts)
+    finally:
+        torch.set_num_threads(before)
+
+
 MEMORY_PROBE_WINDOW_S = 0.1
 
 

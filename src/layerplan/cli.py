@@ -417,7 +417,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     done: list[dict] = []
     calibrated = measured = None
-    speed_reference = load_reference = memory_reference = None  # None: validate probes the machine when it starts
+    speed_reference = load_reference = memory_reference = net_reference = None  # None: probed when validate starts
     if args.repredict:
         return _validate_repredict(args, out)
     if not args.dry_run:  # before minutes of calibration: root, or this command again in a user namespace
@@ -434,13 +434,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             speed_reference = doc.get("speed_reference_flops_per_s")
             load_reference = doc.get("load_reference_flops_per_s")
             memory_reference = doc.get("memory_reference_s")
+            net_reference = doc.get("net_reference_s")
             if doc.get("calibrated_cluster") and not args.calibration and not args.presets_only:
                 calibrated = cluster_from_dict(doc["calibrated_cluster"], str(previous))
         except (ValueError, KeyError, TypeError) as e:  # a bad cluster inside: its own one-line error
             raise ConfigError(f"--resume: {previous} is not a validate result ({e})") from None
     if args.calibration:
         calibrated = resolve_cluster(args.calibration)
-        speed_reference = load_reference = memory_reference = None  # another calibration: the machine when validate starts
+        speed_reference = load_reference = memory_reference = net_reference = None  # another calibration: the machine now
     elif args.dry_run and calibrated is None and not args.presets_only:
         pass  # the estimate uses the presets: calibrating takes minutes
     elif calibrated is None and not args.presets_only:
@@ -452,6 +453,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                       "(quick; --calibration FILE reuses a calibration)")
         # the speed the calibration saw: probed on both sides of it, one thread and both cores loaded
         before, before_load, before_memory = calibrate.speed_probe(), calibrate.speed_probe(threads=2), calibrate.memory_probe()
+        before_net = {m: calibrate.net_probe(m, batch=matrix.batch_size) for m in matrix.models}
         measured = calibrate.calibrate(on="local", quick=True, progress=not args.json, profile=matrix.models,
                                        profile_batches=validate.profile_batches(matrix),
                                        profile_net_batches=(matrix.batch_size,), sync_nets=validate.sync_nets(matrix))
@@ -470,6 +472,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         speed_reference = (before + calibrate.speed_probe()) / 2.0
         load_reference = validate.load_reference_of(measured, (before_load, calibrate.speed_probe(threads=2)))
         memory_reference = (before_memory + calibrate.memory_probe()) / 2.0
+        net_reference = {m: (s + calibrate.net_probe(m, batch=matrix.batch_size)) / 2.0 for m, s in before_net.items()}
         from layerplan.runtime import emulate
 
         emulate.check_available()
@@ -485,7 +488,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                                                         if validate.key(c) in {validate.key(r) for r in done}]),
                                  args.json, matrix)
     doc = validate.validate(matrix, out, calibrated, done=done, speed_reference=speed_reference,
-                            load_reference=load_reference, memory_reference=memory_reference,
+                            load_reference=load_reference, memory_reference=memory_reference, net_reference=net_reference,
                             deadline=started + matrix.budget_s if matrix.budget_s else None,
                             progress=None if args.json else (lambda what: con.print(f"[dim]running {what}[/]")))
     if args.json:

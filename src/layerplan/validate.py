@@ -567,7 +567,7 @@ def repredict(doc: dict, calibrated: hardware.ClusterSpec | None, paced: bool = 
         rows.append({**r, **prediction(r, emu, calibrated)})
     return {"summary": summarize(rows), "rows": rows, "skipped": doc.get("skipped", []),
             "calibrated_cluster": calibrated.to_dict() if calibrated else None,
-            **{k: v for k, v in doc.items() if k.startswith(("speed_", "load_", "memory_"))}}
+            **{k: v for k, v in doc.items() if k.startswith(("speed_", "load_", "memory_", "net_"))}}
 
 
 def sizing_step_s(case: Case, emu, calibrated: hardware.ClusterSpec | None, matrix: Matrix) -> float:
@@ -730,7 +730,7 @@ def pace(before: list[dict]) -> dict[str, Any] | None:
     PACE_PROBES rows of ``before`` (in the order they ran) that have one, and how many, and the
     median ``memory_speed`` of the last PACE_PROBES that have one (``MEMORY_PACE``); None where none
     has a ``load_speed``."""
-    speeds = [r["load_speed"] for r in before if r.get("load_speed")][-PACE_PROBES:]
+    speeds = [r[PACE_FIELD] for r in before if r.get(PACE_FIELD)][-PACE_PROBES:]
     if not speeds:
         return None
     out = {"speed": statistics.median(speeds), "probes": len(speeds)}
@@ -891,6 +891,10 @@ p90 / max |error| 5.1 / 17.8 / 28.1% → 3.8 / 14.8 / 21.5%. Where the two probe
 little, and not always closer: the next full run there (vf107: memory 0.70-0.99×, compute 0.67-0.93×
 over the paces) 3.6 / 12.2 / 25.3% → 4.0 / 13.0 / 25.5%; on a Xeon VM (vf93) 4.2 / 14.8 / 44.3% →
 4.7 / 15.3 / 45.7%."""
+PACE_FIELD = "load_speed"
+"""The rows' reading a ``pace`` follows: ``load_speed`` (``calibrate.speed_probe`` on both cores)
+or ``net_speed`` (the row's own net's pass on both cores, ``calibrate.net_probe``), each against
+its calibration-time reading."""
 PACE_PROBES = 8
 """A row is predicted with the calibration's compute at the machine's pace (``pace``): the median
 ``load_speed`` (both cores' probe against its calibration-time reading) of the PACE_PROBES rows run
@@ -1115,7 +1119,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
              progress: Callable[[str], None] | None = None, skip: Callable[[Case, str], None] | None = None,
              done: Iterable[dict] = (), speed_reference: float | None = None,
              load_reference: float | None = None, deadline: float | None = None,
-             memory_reference: float | None = None) -> dict:
+             memory_reference: float | None = None, net_reference: dict[str, float] | None = None) -> dict:
     """Run the matrix; returns {"summary", "rows", "skipped"} and writes validate.json + plots.
     ``done``: rows measured before (``--resume``); configurations among them are not run again.
 
@@ -1130,7 +1134,10 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     probe (``calibrate.memory_probe``) before and after it against ``memory_reference`` (seconds a
     call; None: now) is the row's ``memory_speed`` (the slower reading); the rows before a row give
     its pace's ``memory_speed`` (``MEMORY_PACE``), the speed its layers that are not matrix
-    products run at.
+    products run at. The row's own net's training pass on both cores (``calibrate.net_probe``)
+    before and after it against ``net_reference`` (seconds a pass per net at calibration time;
+    None, or a net missing: now) is its ``net_speed`` (the slower reading), a record beside
+    ``load_speed`` (``PACE_FIELD`` says which of the two the pace follows).
 
     ``deadline`` (``time.monotonic()``'s clock: when the command started plus ``matrix.budget_s``):
     the rows measure fewer seconds of steps where they would not end by it (``fit_target_s``)."""
@@ -1160,7 +1167,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 skip(c, str(e))
     track = calibrated is not None
     if track:
-        from layerplan.calibrate import memory_probe, speed_probe
+        from layerplan.calibrate import memory_probe, net_probe, speed_probe
 
         if speed_reference is None:
             speed_reference = speed_probe()
@@ -1168,8 +1175,11 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             load_reference = speed_probe(threads=2)
         if memory_reference is None:
             memory_reference = memory_probe()
+        net_reference = dict(net_reference or {})
+        for m in sorted({c.model for c in todo} - set(net_reference)):
+            net_reference[m] = net_probe(m, batch=matrix.batch_size)
     meta = {"speed_reference_flops_per_s": speed_reference, "load_reference_flops_per_s": load_reference,
-            "memory_reference_s": memory_reference} if track else {}
+            "memory_reference_s": memory_reference, "net_reference_s": net_reference} if track else {}
     def machine_now() -> dict:
         """The machine's speed now, as each row's probes read it (``link_apart``)."""
         return {"load_speed": speed_probe(ROW_PROBE_WINDOW_S, threads=2) / load_reference,
@@ -1229,8 +1239,11 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                         probe = speed_probe(ROW_PROBE_WINDOW_S) if track else None
                         load = speed_probe(ROW_PROBE_WINDOW_S, threads=2) if track else None
                         mem = memory_probe() if track else None
+                        net = net_probe(c.model, batch=matrix.batch_size) if track else None
                         row = run_case(c, emu, calibrated, matrix, out_dir / "runs", sized)
                         if track:
+                            net_after = net_probe(c.model, batch=matrix.batch_size)
+                            row.update(net_speed=net_reference[c.model] / max(net, net_after), net_probe_s=[net, net_after])
                             mem_after = memory_probe()
                             row.update(memory_speed=memory_reference / max(mem, mem_after), memory_probe_s=mem,
                                        memory_after_s=mem_after)
