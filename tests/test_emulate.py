@@ -94,6 +94,9 @@ def test_interrupted_run_leaves_no_namespace_or_process(tmp_path):
     )
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 10  # `ip netns exec` enters the host's namespace after Popen returns
+    while len(emulate.pids("t-intr")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(emulate.pids("t-intr")) == 2
     p.send_signal(signal.SIGINT)
     p.wait(timeout=30)
