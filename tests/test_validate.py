@@ -329,23 +329,25 @@ def test_the_pace_is_the_median_load_probe_of_the_rows_before():
     assert [r["pace"] for r in paced] == [None, {"speed": 1.0, "probes": 1}, {"speed": 1.0, "probes": 2}]
 
 
-def test_the_pace_follows_the_field_pace_field_names(monkeypatch):
-    """``PACE_FIELD``: the pace follows the rows' ``net_speed`` (their own nets' passes) instead of
-    their ``load_speed`` where it says so."""
+def test_the_pace_follows_the_rows_own_nets_passes_else_the_compute_probe(monkeypatch):
+    """``PACE_FIELD``: the pace follows the rows' ``net_speed`` (their own nets' passes); a row
+    without one (an older result's) counts by its ``load_speed``; set to ``load_speed``, the
+    compute probe alone."""
     rows = [{"load_speed": 0.8, "net_speed": 1.0}] * 3
+    assert validate.pace(rows)["speed"] == 1.0
+    assert validate.pace([{"load_speed": 0.8}] * 2 + [{"load_speed": 0.7, "net_speed": 1.1}])["speed"] == 0.8
+    monkeypatch.setattr(validate, "PACE_FIELD", "load_speed")
     assert validate.pace(rows)["speed"] == 0.8
-    monkeypatch.setattr(validate, "PACE_FIELD", "net_speed")
-    assert validate.pace(rows)["speed"] == 1.0 and validate.pace([{"load_speed": 0.8}]) is None
 
 
 def test_each_row_records_its_own_nets_pass_against_the_calibration_times(tmp_path, monkeypatch):
-    """Around each run the row's own net's training pass is timed (``calibrate.net_probe``): its
-    ``net_speed`` is the calibration-time pass over the slower of the two; the references are kept
-    with the result, and a net without one is timed when the rows start."""
+    """Just before each run the row's own net's training pass is timed (``calibrate.net_probe``):
+    its ``net_speed`` is the calibration-time pass over it; the references are kept with the
+    result, and a net without one is timed when the rows start."""
     from layerplan import hardware
 
     fake_matrix_loop(monkeypatch, {"allreduce": [0.1], "ps": [0.2]})
-    passes = iter([0.1, 0.125, 0.08, 0.05])  # allreduce's before and after, then ps's
+    passes = iter([0.125, 0.08])  # just before allreduce's run, then ps's
     probing(monkeypatch, lambda: 29e9, net_pass=lambda net: next(passes))
     predicting(monkeypatch, {"allreduce": 100.0, "ps": 50.0})
     m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "ps"),
@@ -353,11 +355,11 @@ def test_each_row_records_its_own_nets_pass_against_the_calibration_times(tmp_pa
     doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
                             load_reference=29e9, memory_reference=0.003, net_reference={"resnet_cifar": 0.1})
     rows = {r["strategy"]: r for r in doc["rows"]}
-    assert rows["allreduce"]["net_speed"] == pytest.approx(0.8) and rows["allreduce"]["net_probe_s"] == [0.1, 0.125]
+    assert rows["allreduce"]["net_speed"] == pytest.approx(0.8) and rows["allreduce"]["net_probe_s"] == 0.125
     assert rows["ps"]["net_speed"] == pytest.approx(0.1 / 0.08)
     assert doc["net_reference_s"] == {"resnet_cifar": 0.1}
     assert validate.load_json(tmp_path / "validate.json")["net_reference_s"] == {"resnet_cifar": 0.1}
-    timed = iter([0.2, 0.1, 0.1, 0.1, 0.1])  # no reference: the net timed before the rows
+    timed = iter([0.2, 0.1, 0.1])  # no reference: the net timed before the rows
     fake_matrix_loop(monkeypatch, {"allreduce": [0.1], "ps": [0.2]})
     probing(monkeypatch, lambda: 29e9, net_pass=lambda net: next(timed))
     doc = validate.validate(m, tmp_path / "again", hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
@@ -437,6 +439,20 @@ def test_a_row_is_predicted_at_the_machines_pace():
         validate.prediction(r, emu, None)["predicted_step_s"]  # presets only: no pace
 
 
+def test_repredicting_paces_by_the_nets_passes_read_before_each_run():
+    """Rows with ``net_speed`` are paced by it; a result that timed the net before and after its
+    run (``net_probe_s`` a pair, ``net_speed`` by the slower) is read by the pass before, as now."""
+    r, emu, cal = _calibrated_row()
+    doc = {"rows": [{**r, "load_speed": 0.5, "net_speed": 0.8, "net_probe_s": [0.1, 0.125], "measured_step_s": 1.0,
+                     "measured_throughput": 32.0},
+                    {**r, "load_speed": 0.5, "net_speed": 0.9, "net_probe_s": 0.2, "measured_step_s": 1.0,
+                     "measured_throughput": 32.0}]}
+    new = validate.repredict(doc, cal)
+    assert new["rows"][1]["pace"]["speed"] == pytest.approx(1.0)  # 0.8 · 0.125 / 0.1, not the load probe's 0.5
+    assert new["rows"][0]["net_probe_s"] == 0.1 and new["rows"][1]["net_probe_s"] == 0.2
+    assert new["summary"]["pace"]["follows"] == "net_speed"
+
+
 def test_repredicting_paces_each_row_by_the_rows_before_it(tmp_path):
     """``repredict`` with the run's own calibration paces every row by the probes of the rows before
     it (rows of an older run, which had no pace, too); told another calibration it paces none; the
@@ -454,7 +470,8 @@ def test_repredicting_paces_each_row_by_the_rows_before_it(tmp_path):
     assert [x["pace"] for x in new["rows"]] == [None, {"speed": 1.0, "probes": 1}, {"speed": 0.75, "probes": 2}]
     assert "calibrated_step_s" not in new["rows"][0] and new["rows"][2]["calibrated_step_s"] < new["rows"][2]["predicted_step_s"]
     s = new["summary"]
-    assert s["pace"] == {"rows": 2, "median": 0.875, "min": 0.75, "max": 1.0, "probes": validate.PACE_PROBES}
+    assert s["pace"] == {"rows": 2, "median": 0.875, "min": 0.75, "max": 1.0, "probes": validate.PACE_PROBES,
+                         "follows": "load_speed"}
     assert s["as_calibrated"]["configurations"] == 3
     assert s["as_calibrated"]["median_abs_error"] == pytest.approx(
         statistics.median(abs(x.get("calibrated_error", x["error"])) for x in new["rows"]))

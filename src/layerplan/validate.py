@@ -317,9 +317,10 @@ RATE_OVERHEAD_S = 60.0
 link (messages, the duplex all-reduce, the flows' lead: ``measure_link``, ``measure_duplex``,
 ``measure_flow_lead``; unsteady link measurements taken again add up to 70 s: ``LINK_TRIES``).
 validate.json's ``rate_wall_s`` less its rows' ``wall_s`` is what it took."""
-ROW_OVERHEAD_S = 2.0
+ROW_OVERHEAD_S = 2.6
 """Seconds a configuration costs besides its runs: the speed probes around it (three, 0.55-0.61 s
-each), its predictions (7 s for 126 rows) and the JSON written after it."""
+each), its net's pass before it (``calibrate.net_probe``: 0.4 s, vgg16_cifar's pass 0.7 s), its
+predictions (7 s for 126 rows) and the JSON written after it."""
 
 
 def unmeasured_steps(strategy: str, config: Mapping[str, Any]) -> int:
@@ -556,6 +557,10 @@ def repredict(doc: dict, calibrated: hardware.ClusterSpec | None, paced: bool = 
 
     rows = []
     before = [{k: v for k, v in r.items() if k not in PACE_FIELDS} for r in doc["rows"]]
+    for r in before:  # vf113 timed the net after its run too, net_speed the slower: the reading before, as now
+        if isinstance(r.get("net_probe_s"), list) and r.get("net_speed"):
+            r["net_speed"] *= max(r["net_probe_s"]) / r["net_probe_s"][0]
+            r["net_probe_s"] = r["net_probe_s"][0]
     for r in (paced_rows(before) if paced and calibrated else before):
         if "run_config" not in r:  # rows of an older layerplan: the matrix's config for the row
             label = r.get("label", r["strategy"])
@@ -726,11 +731,12 @@ def steady_errors(rows: list[dict]) -> dict[str, Any] | None:
 
 
 def pace(before: list[dict]) -> dict[str, Any] | None:
-    """The machine's pace for the next row (``PACE_PROBES``): the median ``load_speed`` of the last
-    PACE_PROBES rows of ``before`` (in the order they ran) that have one, and how many, and the
+    """The machine's pace for the next row (``PACE_PROBES``): the median ``PACE_FIELD`` reading (else
+    ``load_speed``) of the last PACE_PROBES rows of ``before`` (in the order they ran) that have one,
+    and how many, and the
     median ``memory_speed`` of the last PACE_PROBES that have one (``MEMORY_PACE``); None where none
     has a ``load_speed``."""
-    speeds = [r[PACE_FIELD] for r in before if r.get(PACE_FIELD)][-PACE_PROBES:]
+    speeds = [r.get(PACE_FIELD) or r["load_speed"] for r in before if r.get(PACE_FIELD) or r.get("load_speed")][-PACE_PROBES:]
     if not speeds:
         return None
     out = {"speed": statistics.median(speeds), "probes": len(speeds)}
@@ -753,7 +759,8 @@ def paced_figures(rows: list[dict]) -> dict[str, Any]:
     if not paces:
         return {}
     errs = [abs(r["calibrated_error"] if r.get("calibrated_error") is not None else r["error"]) for r in rows]
-    return {"pace": {**paces, "probes": PACE_PROBES}, "as_calibrated": error_figures(errs)}
+    follows = PACE_FIELD if any(r.get(PACE_FIELD) for r in rows) else "load_speed"  # an older result: its probes
+    return {"pace": {**paces, "probes": PACE_PROBES, "follows": follows}, "as_calibrated": error_figures(errs)}
 
 
 def speed_figures(speeds: list[float]) -> dict[str, Any] | None:
@@ -891,14 +898,22 @@ p90 / max |error| 5.1 / 17.8 / 28.1% → 3.8 / 14.8 / 21.5%. Where the two probe
 little, and not always closer: the next full run there (vf107: memory 0.70-0.99×, compute 0.67-0.93×
 over the paces) 3.6 / 12.2 / 25.3% → 4.0 / 13.0 / 25.5%; on a Xeon VM (vf93) 4.2 / 14.8 / 44.3% →
 4.7 / 15.3 / 45.7%."""
-PACE_FIELD = "load_speed"
-"""The rows' reading a ``pace`` follows: ``load_speed`` (``calibrate.speed_probe`` on both cores)
-or ``net_speed`` (the row's own net's pass on both cores, ``calibrate.net_probe``), each against
-its calibration-time reading."""
+PACE_FIELD = "net_speed"
+"""The rows' reading a ``pace`` follows: ``net_speed`` (the row's own net's training pass on both
+cores just before its run, ``calibrate.net_probe``) or ``load_speed`` (``calibrate.speed_probe``'s
+convolution and matrix product on both cores, around it), each against its calibration-time
+reading; a row without it (a result of an older layerplan) counts by its ``load_speed``. On a 2-core
+EPYC (Zen 4) VM whose other guests moved the nets' passes apart from the compute probe (vf112: the
+probe read a median 0.81× through the run while the rows' steps ran at the calibration's speed),
+vf113's 126 rows paced by the compute probe erred 5.2 / 24.7 / 52.0% (median / p90 / max |error|),
+reached their marked points at 0.89× the time predicted and were predicted slow for every strategy
+(signed medians +1.8 to +9.3%); by their nets' passes, repredicted, 5.3 / 15.4 / 35.3%, marks at
+1.01× and signed medians −3.5 to +0.4% (the slower of a probe before and after the run: 5.7 / 15.6
+/ 40.8%)."""
 PACE_PROBES = 8
 """A row is predicted with the calibration's compute at the machine's pace (``pace``): the median
-``load_speed`` (both cores' probe against its calibration-time reading) of the PACE_PROBES rows run
-before it, none of its own. This host's other tenants move its speed by 10-30% for stretches of
+reading ``PACE_FIELD`` names (their nets' passes; before vf113 ``load_speed``, both cores' compute
+probe, against its calibration-time reading) of the PACE_PROBES rows run before it, none of its own. This host's other tenants move its speed by 10-30% for stretches of
 minutes: over nine full runs repredicted so, the median |error| of the four whose machine left the
 calibration's speed went from 12.4-18.2% to 3.1-6.5% (a fifth, 12.7% to 9.9%: its probe read 0.92×
 while its steps ran 1.22× long), of the four that held it from 3.1-5.1% to 3.2-5.0%. One thread's
@@ -1135,9 +1150,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     call; None: now) is the row's ``memory_speed`` (the slower reading); the rows before a row give
     its pace's ``memory_speed`` (``MEMORY_PACE``), the speed its layers that are not matrix
     products run at. The row's own net's training pass on both cores (``calibrate.net_probe``)
-    before and after it against ``net_reference`` (seconds a pass per net at calibration time;
-    None, or a net missing: now) is its ``net_speed`` (the slower reading), a record beside
-    ``load_speed`` (``PACE_FIELD`` says which of the two the pace follows).
+    just before it against ``net_reference`` (seconds a pass per net at calibration time; None, or
+    a net missing: now) is its ``net_speed``, which the pace follows (``PACE_FIELD``).
 
     ``deadline`` (``time.monotonic()``'s clock: when the command started plus ``matrix.budget_s``):
     the rows measure fewer seconds of steps where they would not end by it (``fit_target_s``)."""
@@ -1242,8 +1256,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                         net = net_probe(c.model, batch=matrix.batch_size) if track else None
                         row = run_case(c, emu, calibrated, matrix, out_dir / "runs", sized)
                         if track:
-                            net_after = net_probe(c.model, batch=matrix.batch_size)
-                            row.update(net_speed=net_reference[c.model] / max(net, net_after), net_probe_s=[net, net_after])
+                            row.update(net_speed=net_reference[c.model] / net, net_probe_s=net)
                             mem_after = memory_probe()
                             row.update(memory_speed=memory_reference / max(mem, mem_after), memory_probe_s=mem,
                                        memory_after_s=mem_after)
@@ -1283,6 +1296,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 if progress:
                     progress(f"{c.model} {c.label} {c.workers}w {rate} ({why})")
                 load = speed_probe(ROW_PROBE_WINDOW_S, threads=2) if track else None
+                net = net_probe(c.model, batch=matrix.batch_size) if track else None
                 speed_now = None
                 try:  # sized by its row's prediction (``sizing_step_s`` less the link's measurements)
                     more = run_case(c, emu, calibrated, matrix, out_dir / "runs", rows[i]["predicted_step_s"])
@@ -1301,7 +1315,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                         write(out_dir, rows, skipped, calibrated, meta, plots=False)
                         return
                 if disturbed(rows[i]):  # a steady run in place of one disturbed (DISTURBED_LOAD), not beside it
-                    merged = {**rows[i], **more, "load_speed": speed_now,
+                    merged = {**rows[i], **more, "load_speed": speed_now, "net_speed": net_reference[c.model] / net,
+                              "net_probe_s": net,
                               "disturbed_runs": rows[i].get("disturbed_runs", 0) + 1,
                               "disturbed_step_s": rows[i]["measured_step_s"]}
                 else:
@@ -1516,8 +1531,10 @@ def print_summary(doc: dict, con=None) -> None:
                           f"{pc(st['median_abs_error'])}, p90 {pc(st['p90_abs_error'])}, max {pc(st['max_abs_error'])}")
     if s.get("pace"):
         p, a = s["pace"], s["as_calibrated"]
-        con.print(f"  predicted at the machine's pace: the calibration's compute at the speed both cores' probe read "
-                  f"around the {p['probes']} rows before each ({p['min']:.2f}–{p['max']:.2f}×, median "
+        what = ("the rows' own nets' passes on both cores read just before each of"
+                if p.get("follows") == "net_speed" else "both cores' probe read around")
+        con.print(f"  predicted at the machine's pace: the calibration's compute at the speed {what} "
+                  f"the {p['probes']} rows before each ({p['min']:.2f}–{p['max']:.2f}×, median "
                   f"{p['median']:.2f}× its calibration-time reading: `pace`); as calibrated, without it: median "
                   f"|error| {pc(a['median_abs_error'])}, p90 {pc(a['p90_abs_error'])}, max {pc(a['max_abs_error'])}")
     mem = s.get("memory_speed")
