@@ -441,7 +441,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume: {previous} is not a validate result ({e})") from None
     if args.calibration:
         calibrated = resolve_cluster(args.calibration)
-        speed_reference = load_reference = memory_reference = net_reference = None  # another calibration: the machine now
+        # another calibration: the machine when validate starts
+        speed_reference = load_reference = memory_reference = net_reference = None
     elif args.dry_run and calibrated is None and not args.presets_only:
         pass  # the estimate uses the presets: calibrating takes minutes
     elif calibrated is None and not args.presets_only:
@@ -488,7 +489,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                                                         if validate.key(c) in {validate.key(r) for r in done}]),
                                  args.json, matrix)
     doc = validate.validate(matrix, out, calibrated, done=done, speed_reference=speed_reference,
-                            load_reference=load_reference, memory_reference=memory_reference, net_reference=net_reference,
+                            load_reference=load_reference, memory_reference=memory_reference,
+                            net_reference=net_reference,
                             deadline=started + matrix.budget_s if matrix.budget_s else None,
                             progress=None if args.json else (lambda what: con.print(f"[dim]running {what}[/]")))
     if args.json:

@@ -733,10 +733,10 @@ def steady_errors(rows: list[dict]) -> dict[str, Any] | None:
 def pace(before: list[dict]) -> dict[str, Any] | None:
     """The machine's pace for the next row (``PACE_PROBES``): the median ``PACE_FIELD`` reading (else
     ``load_speed``) of the last PACE_PROBES rows of ``before`` (in the order they ran) that have one,
-    and how many, and the
-    median ``memory_speed`` of the last PACE_PROBES that have one (``MEMORY_PACE``); None where none
-    has a ``load_speed``."""
-    speeds = [r.get(PACE_FIELD) or r["load_speed"] for r in before if r.get(PACE_FIELD) or r.get("load_speed")][-PACE_PROBES:]
+    and how many, and the median ``memory_speed`` of the last PACE_PROBES that have one
+    (``MEMORY_PACE``); None where none has either reading."""
+    readings = (r.get(PACE_FIELD) or r.get("load_speed") for r in before)
+    speeds = [v for v in readings if v][-PACE_PROBES:]
     if not speeds:
         return None
     out = {"speed": statistics.median(speeds), "probes": len(speeds)}
@@ -913,12 +913,13 @@ reached their marked points at 0.89× the time predicted and were predicted slow
 PACE_PROBES = 8
 """A row is predicted with the calibration's compute at the machine's pace (``pace``): the median
 reading ``PACE_FIELD`` names (their nets' passes; before vf113 ``load_speed``, both cores' compute
-probe, against its calibration-time reading) of the PACE_PROBES rows run before it, none of its own. This host's other tenants move its speed by 10-30% for stretches of
-minutes: over nine full runs repredicted so, the median |error| of the four whose machine left the
-calibration's speed went from 12.4-18.2% to 3.1-6.5% (a fifth, 12.7% to 9.9%: its probe read 0.92×
-while its steps ran 1.22× long), of the four that held it from 3.1-5.1% to 3.2-5.0%. One thread's
-probe (``speed``) moved a third as far as the steps did; the two-core probe's median over the rate,
-4, 5 or 12 rows before, or that of both probes' geometric mean did no better."""
+probe, against its calibration-time reading) of the PACE_PROBES rows run before it, none of its
+own. This host's other tenants move its speed by 10-30% for stretches of minutes: over nine full
+runs repredicted so, the median |error| of the four whose machine left the calibration's speed went
+from 12.4-18.2% to 3.1-6.5% (a fifth, 12.7% to 9.9%: its probe read 0.92× while its steps ran 1.22×
+long), of the four that held it from 3.1-5.1% to 3.2-5.0%. One thread's probe (``speed``) moved
+a third as far as the steps did; the two-core probe's median over the rate, 4, 5 or 12 rows
+before, or that of both probes' geometric mean did no better."""
 
 
 def load_reference_of(calibration: dict, around: tuple[float, float]) -> float:
