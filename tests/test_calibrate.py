@@ -703,3 +703,30 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_disturbed_section_is_not_measured_again_past_the_calibrations_time(monkeypatch):
+    """again_within_s: where a reading again would end the calibration past it, the disturbed
+    section stands as measured once, recorded ``out_of_time`` with its warning; within it, again."""
+    r = fake_result("local")
+    calls = []
+
+    def compute(cfg, log_dir, advance, cores):
+        calls.append(1)
+        return {**r["compute"], "per_thread_flops_per_s": calibrate.spread([80e9, 95e9])}  # spread 17%: disturbed
+
+    monkeypatch.setattr(calibrate, "_compute_section", compute)
+    monkeypatch.setattr(calibrate, "_link_section", lambda *a, **k: r["link"])
+    monkeypatch.setattr(calibrate, "measure_rounds", lambda *a: {k: v for k, v in r["rounds"].items() if k != "messages"})
+    monkeypatch.setattr(calibrate, "measure_message_cpu", lambda *a: r["rounds"]["messages"])
+    monkeypatch.setattr(calibrate, "measure_synchronized_steps", lambda *a, **k: r["synchronized_steps"])
+    monkeypatch.setattr(calibrate, "steal_s", lambda: None)
+    monkeypatch.setattr(calibrate, "_prober", lambda *a: contextlib.nullcontext(lambda: 29e9))
+    out = calibrate.calibrate(quick=True, progress=False, again_within_s=0.0)
+    st = out["steadiness"]["compute"]
+    assert len(calls) == 1 and st["tries"] == 1 and st["out_of_time"] and st["kept_disturbed"]
+    assert any(line.startswith("compute: disturbed by other work") and "for want of time" in line
+               for line in calibrate.steadiness_lines(out))
+    calls.clear()
+    out = calibrate.calibrate(quick=True, progress=False, again_within_s=3600.0)
+    assert len(calls) == calibrate.SECTION_TRIES and not out["steadiness"]["compute"]["out_of_time"]

@@ -1084,3 +1084,30 @@ def test_a_link_unsteady_on_every_try_is_measured_again_after_the_rows_and_they_
         doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
                                 load_reference=29e9, memory_reference=0.003)
         assert readings == [] and all(r["link_tries"] == tries and "link_tries_after_rows" not in r for r in doc["rows"])
+
+
+def test_a_disturbed_row_does_not_run_again_where_the_rows_leave_no_time(tmp_path, monkeypatch):
+    """Under a budget the rows at MIN_TARGET_S already overrun: a row run while another tenant had
+    the cores keeps its one run (the second runs get what the rows leave, here nothing)."""
+    import time
+
+    from layerplan import hardware
+
+    steps = {"ps": [0.9, 0.5], "allreduce": [0.2]}
+    loads = iter([29e9, 14e9, 29e9, 29e9])  # ps: before, after; allreduce
+    fake_matrix_loop(monkeypatch, steps)
+    probing(monkeypatch, lambda: next(loads), lambda: 0.003)
+    monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
+        "predicted_step_s": 0.5, "error": 0.0, "preset_error": 0.0, "predicted_throughput": 64.0})
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("ps", "allreduce"),
+                        target_s=20.0, max_steps=30, decide_s=0.0)
+    cal = hardware.resolve_cluster("local-cpu")
+    # 100 s for the rows (RERUN_SHARE of it would cover a 7 s run again) and rows estimated at 60 s each
+    monkeypatch.setattr(validate, "row_estimate_s", lambda *a: 60.0)
+    doc = validate.validate(m, tmp_path, cal, speed_reference=29e9, load_reference=29e9, memory_reference=0.003,
+                            deadline=time.monotonic() + validate.RATE_OVERHEAD_S + 100.0)
+    rows = {r["strategy"]: r for r in doc["rows"]}
+    assert doc["target_s"] == validate.MIN_TARGET_S
+    assert rows["ps"]["measured_step_s"] == 0.9 and "disturbed_runs" not in rows["ps"]
+    assert rows["ps"]["load_speed"] == pytest.approx(14 / 29)
+    assert steps == {"ps": [0.5], "allreduce": []} and next(loads, None) is None

@@ -668,7 +668,11 @@ def steadiness_lines(result: dict) -> list[str]:
     the kept reading is steady (else a warning)."""
     lines = []
     for stage, st in (result.get("steadiness") or {}).items():
-        if st["tries"] > 1:
+        if st.get("out_of_time") and st["tries"] == 1 and st["kept_disturbed"]:
+            lines.append(f"{stage.replace('_', ' ')}: disturbed by other work ({st['kept_disturbed']}) and not "
+                         "measured again, for want of time: predictions from it may be off — calibrate on an "
+                         "idle machine, or give validate a longer --budget")
+        elif st["tries"] > 1:
             lines.append(f"{stage.replace('_', ' ')}: measured {st['tries']} times, the first disturbed by other work "
                          f"({st['disturbed'][0]})" + (f"; warning: still disturbed ({st['kept_disturbed']}): predictions "
                                                       "from it may be off — calibrate on an idle machine"
@@ -1032,7 +1036,8 @@ def _emulated(name: str):
 
 def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick: bool = False,
               progress: bool = True, profile: Sequence[str] = (), profile_batches: Sequence[int] = (16, 64),
-              profile_net_batches: Sequence[int] | None = None, sync_nets: Sequence[str] | None = None) -> dict:
+              profile_net_batches: Sequence[int] | None = None, sync_nets: Sequence[str] | None = None,
+              again_within_s: float | None = None) -> dict:
     """Measure compute and links (see the module docstring); the result dict (JSON-able).
 
     ``on``: "local" (links over loopback) or "emulated" (links between hosts of the emulated
@@ -1043,7 +1048,10 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
     use their measured times (``hardware.ProfiledLayer``); ``profile_net_batches``: the batches the
     whole nets' passes are timed at (None: all of ``profile_batches``; ``profile_config``).
     ``sync_nets``: whose training steps are timed in lockstep (None: the profiled nets, else
-    ``SYNC_NETS``; ``synchronized_steps_config``).
+    ``SYNC_NETS``; ``synchronized_steps_config``). ``again_within_s``: a disturbed section is
+    measured again only where the calibration, that reading included (as long as the section's
+    first), still ends within this many seconds (None: always; ``validate`` bounds it to keep its
+    budget, ``Matrix.calibrate_s``); the steadiness record says which were not (``out_of_time``).
     """
     if on not in ("local", "emulated"):
         raise ConfigError(f"calibrate on 'local' or 'emulated', got {on!r}")
@@ -1086,6 +1094,7 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
 
         history: dict[str, list[dict]] = {}  # a section's readings: result, steal share, lowest probe around it
         merged: set[str] = set()  # sections whose second reading merges into the first (``again``)
+        out_of_time: set[str] = set()  # disturbed sections not measured again (``again_within_s``)
 
         def judge(stage: str, reading: dict) -> tuple[str | None, float]:
             """(why disturbed or None, unsteadiness) of a reading, its probes against the best so far."""
@@ -1100,7 +1109,7 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
             keep = judged[-1] if stage in merged else min(judged, key=lambda j: (j[0] is not None, j[1]))
             steadiness[stage] = {"tries": len(judged), "disturbed": [j[0] for j in judged if j[0]],
                                  "kept_disturbed": keep[0], "probe_flops_per_s": [r["probe"] for r in history[stage]],
-                                 "kept_probe_flops_per_s": keep[2]["probe"]}
+                                 "kept_probe_flops_per_s": keep[2]["probe"], "out_of_time": stage in out_of_time}
             return keep[2]["result"]
 
         def steady(stage: str, measure: Callable[[], dict], again: Callable[[dict, str], dict] | None = None) -> dict:
@@ -1110,17 +1119,22 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
             if again is not None:
                 merged.add(stage)
             while len(hist) < SECTION_TRIES:
+                if hist and again_within_s is not None and (
+                        time.monotonic() - t0 + hist[0]["wall_s"] > again_within_s):  # out of time: as it stands
+                    out_of_time.add(stage)
+                    break
                 if hist:  # a reading again: once the cores are back to speed, or STEADY_WAIT_S on
                     wait_until = time.monotonic() + STEADY_WAIT_S
                     while probe() < PROBE_DROP * max(probe_speeds) and time.monotonic() < wait_until:
                         time.sleep(STEADY_POLL_S)
                 before = probe_speeds[-1] if probe_speeds else probe()  # the last section's after, or the wait's last
-                s0, t0 = steal_s(), time.monotonic()
+                s0, t_read = steal_s(), time.monotonic()
                 result = measure() if not hist or again is None else again(hist[-1]["result"],
                                                                          judge(stage, hist[-1])[0] or "")
                 s1 = steal_s()
-                share = (s1 - s0) / (cores * max(time.monotonic() - t0, 1e-9)) if s0 is not None and s1 is not None else None
-                hist.append({"result": result, "steal": share, "probe": min(before, probe())})
+                share = (s1 - s0) / (cores * max(time.monotonic() - t_read, 1e-9)) if s0 is not None and s1 is not None else None
+                hist.append({"result": result, "steal": share, "probe": min(before, probe()),
+                             "wall_s": time.monotonic() - t_read})
                 if judge(stage, hist[-1])[0] is None:
                     break
             return kept(stage)

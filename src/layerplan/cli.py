@@ -399,7 +399,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.budget is not None:
         if not math.isfinite(args.budget) or args.budget < 0:
             raise ConfigError(f"--budget takes minutes, at least 0 (0: no budget), got {args.budget:g}")
-        matrix = validate.replace(matrix, budget_s=args.budget * 60.0 or None, limit_s=None)  # the budget is the limit
+        budget_s = args.budget * 60.0 or None  # the budget is the limit; the calibration's share scales with it
+        matrix = validate.replace(matrix, budget_s=budget_s, limit_s=None, calibrate_s=(
+            matrix.calibrate_s * budget_s / matrix.budget_s if budget_s and matrix.calibrate_s and matrix.budget_s else None))
     if args.models:
         matrix = validate.replace(matrix, models=tuple(args.models.split(",")))
     if args.strategies:
@@ -457,7 +459,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         before_net = {m: calibrate.net_probe(m, batch=matrix.batch_size) for m in matrix.models}
         measured = calibrate.calibrate(on="local", quick=True, progress=not args.json, profile=matrix.models,
                                        profile_batches=validate.profile_batches(matrix),
-                                       profile_net_batches=(matrix.batch_size,), sync_nets=validate.sync_nets(matrix))
+                                       profile_net_batches=(matrix.batch_size,), sync_nets=validate.sync_nets(matrix),
+                                       again_within_s=matrix.calibrate_s if matrix.budget_s else None)
         if not args.json:
             con.print(f"calibrated in {measured['duration_s'] / 60:.1f} min (" + ", ".join(
                 f"{k.replace('_', ' ')} {v:.0f} s" for k, v in measured.get("durations_s", {}).items()) + ")")
