@@ -316,9 +316,11 @@ def test_a_rows_measured_link_cpu_enters_its_prediction():
     assert dear["predicted_step_s"] > cheap["predicted_step_s"]
 
 
-def test_the_pace_is_the_median_load_probe_of_the_rows_before():
-    """A row's pace: the median ``load_speed`` of the last PACE_PROBES rows run before it that have
-    one (rows without a probe, the presets' or older ones', skipped); None before any."""
+def test_the_pace_is_the_median_load_probe_of_the_rows_before(monkeypatch):
+    """Paced by a probe (``PACE_FIELD``), a row's pace: the median ``load_speed`` of the last
+    PACE_PROBES rows run before it that have one (rows without a probe, the presets' or older ones',
+    skipped); None before any."""
+    monkeypatch.setattr(validate, "PACE_FIELD", "load_speed")
     n = validate.PACE_PROBES
     assert validate.pace([]) is None and validate.pace([{"load_speed": None}, {}]) is None
     rows = [{"load_speed": 1.0}] * 3 + [{}] + [{"load_speed": 0.7}] * n
@@ -333,6 +335,7 @@ def test_the_pace_follows_the_rows_own_nets_passes_else_the_compute_probe(monkey
     """``PACE_FIELD``: the pace follows the rows' ``net_speed`` (their own nets' passes); a row
     without one (an older result's) counts by its ``load_speed``; set to ``load_speed``, the
     compute probe alone."""
+    monkeypatch.setattr(validate, "PACE_FIELD", "net_speed")
     rows = [{"load_speed": 0.8, "net_speed": 1.0}] * 3
     assert validate.pace(rows)["speed"] == 1.0
     assert validate.pace([{"load_speed": 0.8}] * 2 + [{"load_speed": 0.7, "net_speed": 1.1}])["speed"] == 0.8
@@ -367,10 +370,11 @@ def test_each_row_records_its_own_nets_pass_against_the_calibration_times(tmp_pa
     assert doc["net_reference_s"] == {"resnet_cifar": 0.2} and doc["rows"][0]["net_speed"] == pytest.approx(2.0)
 
 
-def test_the_pace_carries_the_memory_probes_median_over_the_rows_before():
+def test_the_pace_carries_the_memory_probes_median_over_the_rows_before(monkeypatch):
     """MEMORY_PACE: the pace's ``memory_speed`` is the median ``memory_speed`` of the last
     PACE_PROBES rows before that have one; a row predicted at it takes longer where the memory
-    probe read slow, its compute pace the same."""
+    probe read slow, its compute pace the same (paced by a probe: the marks time those layers too)."""
+    monkeypatch.setattr(validate, "PACE_FIELD", "load_speed")
     n = validate.PACE_PROBES
     rows = [{"load_speed": 1.0, "memory_speed": 0.9}] * 2 + [{"load_speed": 1.0}] + \
         [{"load_speed": 1.0, "memory_speed": 0.5}] * n
@@ -439,9 +443,10 @@ def test_a_row_is_predicted_at_the_machines_pace():
         validate.prediction(r, emu, None)["predicted_step_s"]  # presets only: no pace
 
 
-def test_repredicting_paces_by_the_nets_passes_read_before_each_run():
+def test_repredicting_paces_by_the_nets_passes_read_before_each_run(monkeypatch):
     """Rows with ``net_speed`` are paced by it; a result that timed the net before and after its
     run (``net_probe_s`` a pair, ``net_speed`` by the slower) is read by the pass before, as now."""
+    monkeypatch.setattr(validate, "PACE_FIELD", "net_speed")
     r, emu, cal = _calibrated_row()
     doc = {"rows": [{**r, "load_speed": 0.5, "net_speed": 0.8, "net_probe_s": [0.1, 0.125], "measured_step_s": 1.0,
                      "measured_throughput": 32.0},
@@ -453,13 +458,15 @@ def test_repredicting_paces_by_the_nets_passes_read_before_each_run():
     assert new["summary"]["pace"]["follows"] == "net_speed"
 
 
-def test_repredicting_paces_each_row_by_the_rows_before_it(tmp_path):
+def test_repredicting_paces_each_row_by_the_rows_before_it(tmp_path, monkeypatch):
     """``repredict`` with the run's own calibration paces every row by the probes of the rows before
     it (rows of an older run, which had no pace, too); told another calibration it paces none; the
     summary gives the paces and the figures as calibrated, and prints them."""
     import io
 
     from rich.console import Console
+
+    monkeypatch.setattr(validate, "PACE_FIELD", "load_speed")
 
     r, emu, cal = _calibrated_row()
     doc = {"rows": [{**r, "load_speed": 1.0, "measured_step_s": 1.0, "measured_throughput": 32.0},
@@ -1111,3 +1118,46 @@ def test_a_disturbed_row_does_not_run_again_where_the_rows_leave_no_time(tmp_pat
     assert rows["ps"]["measured_step_s"] == 0.9 and "disturbed_runs" not in rows["ps"]
     assert rows["ps"]["load_speed"] == pytest.approx(14 / 29)
     assert steps == {"ps": [0.5], "allreduce": []} and next(loads, None) is None
+
+
+def test_the_pace_follows_the_speed_at_which_the_rows_before_reached_their_marks():
+    """By default (``PACE_FIELD`` "marks") a row's pace is the median of 1 / ``marks_ratio`` against
+    the step as calibrated (``calibrated_marks_s``) of the last PACE_MARKS_ROWS rows before it with
+    marks; rows without marks (ralp, groups) are passed over, and the probes are not read."""
+    assert validate.PACE_FIELD == "marks"
+    n = validate.PACE_MARKS_ROWS
+
+    def marked(late: float) -> dict:
+        return {"measured_marks_s": {"worker": {"fwd": 0.1 * late, "unbucket": 0.4 * late}},
+                "calibrated_marks_s": {"worker": {"fwd": 0.1, "unbucket": 0.4}}, "load_speed": 0.3,
+                "memory_speed": 0.3}
+
+    assert validate.pace([{"load_speed": 0.8, "net_speed": 0.9}]) is None  # no marks yet: as calibrated
+    rows = [marked(1.0), {"load_speed": 0.5}, marked(1.25), marked(1.25)]
+    assert validate.pace(rows) == {"speed": pytest.approx(0.8), "probes": 3, "follows": "marks"}
+    assert validate.pace([marked(1.0)] * 3 + [marked(2.0)] * n)["speed"] == pytest.approx(0.5)  # the older out
+
+
+def test_repredicting_paces_each_row_by_the_marks_of_the_rows_before_as_predicted_now():
+    """``repredict``: the first row, no row before it, is predicted as calibrated; its run reached
+    its marks at twice their calibrated time, so the next is predicted at half the speed."""
+    r, emu, cal = _calibrated_row()
+    as_calibrated = validate.prediction(r, emu, cal)
+    from layerplan.runtime.predict import predict_run, timeline_marks
+    from layerplan.runtime.run_spec import RunSpec
+
+    step = predict_run(RunSpec(model=r["model"], strategy=r["strategy"], config=r["run_config"], batch_size=16),
+                       validate.calibrated_for(emu, cal))
+    marks = timeline_marks(step, {"worker": {"fwd": 0.0, "unbucket": 0.0}})
+    assert marks["worker"]["fwd"] > 0
+    late = {role: {k: 2.0 * v for k, v in m.items()} for role, m in marks.items()}
+    doc = {"rows": [{**r, "measured_marks_s": late, "load_speed": 1.0, "measured_throughput": 32.0},
+                    {**r, "load_speed": 1.0, "measured_throughput": 32.0}]}
+    new = validate.repredict(doc, cal)
+    first, second = new["rows"]
+    assert first["pace"] is None and first["predicted_step_s"] == pytest.approx(as_calibrated["predicted_step_s"])
+    assert validate.marks_ratio(first, "calibrated_marks_s") == pytest.approx(2.0)
+    assert second["pace"] == {"speed": pytest.approx(0.5), "probes": 1, "follows": "marks"}
+    half = validate.prediction({**r, "pace": {"speed": 0.5, "probes": 1}}, emu, cal)["predicted_step_s"]
+    assert second["predicted_step_s"] == pytest.approx(half) and half > first["predicted_step_s"]
+    assert new["summary"]["pace"]["follows"] == "marks"

@@ -544,19 +544,22 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     }
     if row.get("measured_marks_s"):  # the same points of the predicted step
         out["predicted_marks_s"] = timeline_marks(pred, row["measured_marks_s"])
+        if calibrated:  # and of the step as calibrated: how fast the run went, for the rows after (``pace``)
+            out["calibrated_marks_s"] = timeline_marks(as_calibrated or pred, row["measured_marks_s"])
     if as_calibrated is not None:
         out["calibrated_step_s"] = as_calibrated["step_time_s"]
     return {**out, **scored(out, meas)}
 
 
-PACE_FIELDS = ("pace", "calibrated_step_s", "calibrated_error")
+PACE_FIELDS = ("pace", "calibrated_step_s", "calibrated_error", "calibrated_marks_s")
 
 
 def repredict(doc: dict, calibrated: hardware.ClusterSpec | None, paced: bool = True) -> dict:
     """A validate result's measured rows predicted again — with the current model and
     ``calibrated`` (None: the presets) — without running anything. ``paced``: each row at the pace
-    of the rows before it (``pace``, from their ``load_speed``: the probes read against the
-    calibration the run made; another calibration was made at another pace, so pass False)."""
+    of the rows before it (``pace``: their marks against this calibration's step, or the probes
+    read against the calibration the run made; another calibration was made at another pace, so
+    pass False)."""
     from layerplan.runtime import emulate
     from layerplan.runtime.layout import world_size
     from layerplan.runtime.run_spec import RunSpec
@@ -567,7 +570,9 @@ def repredict(doc: dict, calibrated: hardware.ClusterSpec | None, paced: bool = 
         if isinstance(r.get("net_probe_s"), list) and r.get("net_speed"):
             r["net_speed"] *= max(r["net_probe_s"]) / r["net_probe_s"][0]
             r["net_probe_s"] = r["net_probe_s"][0]
-    for r in (paced_rows(before) if paced and calibrated else before):
+    for r in before:  # in the order they ran: each row's pace from the rows before it as predicted now
+        if paced and calibrated:
+            r = {**r, "pace": pace(rows)}
         if "run_config" not in r:  # rows of an older layerplan: the matrix's config for the row
             label = r.get("label", r["strategy"])
             g = int(label.split("=")[1].rstrip(")")) if r["strategy"] == "groups" else None
@@ -737,17 +742,25 @@ def steady_errors(rows: list[dict]) -> dict[str, Any] | None:
 
 
 def pace(before: list[dict]) -> dict[str, Any] | None:
-    """The machine's pace for the next row (``PACE_PROBES``): the median ``PACE_FIELD`` reading (else
-    ``load_speed``) of the last PACE_PROBES rows of ``before`` (in the order they ran) that have one,
-    and how many, and the median ``memory_speed`` of the last PACE_PROBES that have one
-    (``MEMORY_PACE``); None where none has either reading."""
-    readings = (r.get(PACE_FIELD) or r.get("load_speed") for r in before)
-    speeds = [v for v in readings if v][-PACE_PROBES:]
+    """The machine's pace for the next row: by default (``PACE_FIELD`` "marks") the median speed at
+    which the last PACE_MARKS_ROWS rows of ``before`` (in the order they ran) with marked points
+    reached them against their step as calibrated (1 / ``marks_ratio`` of ``calibrated_marks_s``);
+    else the median ``PACE_FIELD`` reading (else ``load_speed``) of the last PACE_PROBES rows that
+    have one, with the median ``memory_speed`` of the last PACE_PROBES that have one
+    (``MEMORY_PACE``). How many rows it stands on; None where none has a reading."""
+    if PACE_FIELD == "marks":
+        ratios = (marks_ratio(r, "calibrated_marks_s") for r in before)
+        speeds = [1.0 / x for x in ratios if x][-PACE_MARKS_ROWS:]
+    else:
+        readings = (r.get(PACE_FIELD) or r.get("load_speed") for r in before)
+        speeds = [v for v in readings if v][-PACE_PROBES:]
     if not speeds:
         return None
     out = {"speed": statistics.median(speeds), "probes": len(speeds)}
+    if PACE_FIELD == "marks":
+        out["follows"] = "marks"
     memory = [r["memory_speed"] for r in before if r.get("memory_speed")][-PACE_PROBES:]
-    if memory and MEMORY_PACE:  # the layers that are not matrix products at the memory probe's pace
+    if memory and MEMORY_PACE and PACE_FIELD != "marks":  # (the marks time the layers that are not, too)  # the layers that are not matrix products at the memory probe's pace
         out["memory_speed"] = statistics.median(memory)
     return out
 
@@ -765,8 +778,11 @@ def paced_figures(rows: list[dict]) -> dict[str, Any]:
     if not paces:
         return {}
     errs = [abs(r["calibrated_error"] if r.get("calibrated_error") is not None else r["error"]) for r in rows]
-    follows = PACE_FIELD if any(r.get(PACE_FIELD) for r in rows) else "load_speed"  # an older result: its probes
-    return {"pace": {**paces, "probes": PACE_PROBES, "follows": follows}, "as_calibrated": error_figures(errs)}
+    if any((r.get("pace") or {}).get("follows") == "marks" for r in rows):
+        follows, window = "marks", PACE_MARKS_ROWS
+    else:  # an older result without net_speed: its probes
+        follows, window = PACE_FIELD if any(r.get(PACE_FIELD) for r in rows) else "load_speed", PACE_PROBES
+    return {"pace": {**paces, "probes": window, "follows": follows}, "as_calibrated": error_figures(errs)}
 
 
 def speed_figures(speeds: list[float]) -> dict[str, Any] | None:
@@ -777,11 +793,12 @@ def speed_figures(speeds: list[float]) -> dict[str, Any] | None:
     return {"rows": len(speeds), "median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)}
 
 
-def marks_ratio(row: dict) -> float | None:
+def marks_ratio(row: dict, predicted: str = "predicted_marks_s") -> float | None:
     """The median over a row's marked points (``measured_marks_s``: where in its step each role
     reached the schedule's points, e.g. the end of forward/backward or of the update) of the measured
-    time over the predicted time of the same point; None where the row has none to compare."""
-    meas, pred = row.get("measured_marks_s") or {}, row.get("predicted_marks_s") or {}
+    time over the predicted time of the same point (``predicted``: the row's prediction, or
+    ``calibrated_marks_s``, the step as calibrated); None where the row has none to compare."""
+    meas, pred = row.get("measured_marks_s") or {}, row.get(predicted) or {}
     ratios = [t / pred[role][mark] for role, marks in meas.items() for mark, t in marks.items()
               if (pred.get(role) or {}).get(mark, 0.0) > 0.0]
     return statistics.median(ratios) if ratios else None
@@ -904,8 +921,10 @@ p90 / max |error| 5.1 / 17.8 / 28.1% → 3.8 / 14.8 / 21.5%. Where the two probe
 little, and not always closer: the next full run there (vf107: memory 0.70-0.99×, compute 0.67-0.93×
 over the paces) 3.6 / 12.2 / 25.3% → 4.0 / 13.0 / 25.5%; on a Xeon VM (vf93) 4.2 / 14.8 / 44.3% →
 4.7 / 15.3 / 45.7%."""
-PACE_FIELD = "net_speed"
-"""The rows' reading a ``pace`` follows: ``net_speed`` (the row's own net's training pass on both
+PACE_FIELD = "marks"
+"""What a row's ``pace`` follows: "marks" (the speed at which the rows before it reached their
+steps' marked points against their step as calibrated: PACE_MARKS_ROWS), or a probe's reading:
+``net_speed`` (the row's own net's training pass on both
 cores just before its run, ``calibrate.net_probe``) or ``load_speed`` (``calibrate.speed_probe``'s
 convolution and matrix product on both cores, around it), each against its calibration-time
 reading; a row without it (a result of an older layerplan) counts by its ``load_speed``. On a 2-core
@@ -915,7 +934,19 @@ vf113's 126 rows paced by the compute probe erred 5.2 / 24.7 / 52.0% (median / p
 reached their marked points at 0.89× the time predicted and were predicted slow for every strategy
 (signed medians +1.8 to +9.3%); by their nets' passes, repredicted, 5.3 / 15.4 / 35.3%, marks at
 1.01× and signed medians −3.5 to +0.4% (the slower of a probe before and after the run: 5.7 / 15.6
-/ 40.8%)."""
+/ 40.8%). But each probe stands on its reading at calibration time, a second of it: vf114's
+calibration was disturbed, its nets' passes read slow then (alexnet_cifar's 0.505 s against 0.28-0.46
+through the rows), and its rows, paced by them at a median 1.12× while they ran at 0.86× (their
+steps as calibrated over the measured), erred 19.1 / 35.4 / 43.8% (by the compute probe 4.4 / 15.8 /
+31.5%, which vf112 and vf113 it had misled: 10.7 / 29.7 / 50.3% and 5.2 / 24.7 / 52.0%). The runs'
+own marked points need no reference: over those five full runs (vf110-vf114, repredicted) paced by
+them 4.6-6.9% at the median, p90 12.9-19.8%, max 22.3-35.2%; by the probes 4.4-19.8 / 12.7-36.6 /
+20.1-50.3%; as calibrated 5.1-13.1 / 19.1-31.0 / 30.0-39.9%."""
+PACE_MARKS_ROWS = 6
+"""A row's marks pace stands on the last this many rows with marked points run before it (ralp
+and groups rows mark none): over vf110-vf114 the median |error| of 2, 3, 4, 6 and 8 rows averaged
+5.6, 5.9, 5.8, 5.6 and 5.9%, the max 28.9, 28.9, 29.7, 28.5 and 30.7%. A row's own marks are not
+its pace: they are its measurement."""
 PACE_PROBES = 8
 """A row is predicted with the calibration's compute at the machine's pace (``pace``): the median
 reading ``PACE_FIELD`` names (their nets' passes; before vf113 ``load_speed``, both cores' compute
@@ -1542,11 +1573,16 @@ def print_summary(doc: dict, con=None) -> None:
                           f"{pc(st['median_abs_error'])}, p90 {pc(st['p90_abs_error'])}, max {pc(st['max_abs_error'])}")
     if s.get("pace"):
         p, a = s["pace"], s["as_calibrated"]
-        what = ("the rows' own nets' passes on both cores read just before each of"
-                if p.get("follows") == "net_speed" else "both cores' probe read around")
-        con.print(f"  predicted at the machine's pace: the calibration's compute at the speed {what} "
-                  f"the {p['probes']} rows before each ({p['min']:.2f}–{p['max']:.2f}×, median "
-                  f"{p['median']:.2f}× its calibration-time reading: `pace`); as calibrated, without it: median "
+        if p.get("follows") == "marks":
+            how = (f"at which the {p['probes']} rows with marked points before each reached them against their "
+                   f"step as calibrated ({p['min']:.2f}–{p['max']:.2f}×, median {p['median']:.2f}×: `pace`)")
+        else:
+            what = ("the rows' own nets' passes on both cores read just before each of"
+                    if p.get("follows") == "net_speed" else "both cores' probe read around")
+            how = (f"{what} the {p['probes']} rows before each ({p['min']:.2f}–{p['max']:.2f}×, median "
+                   f"{p['median']:.2f}× its calibration-time reading: `pace`)")
+        con.print(f"  predicted at the machine's pace: the calibration's compute at the speed {how}; "
+                  "as calibrated, without it: median "
                   f"|error| {pc(a['median_abs_error'])}, p90 {pc(a['p90_abs_error'])}, max {pc(a['max_abs_error'])}")
     mem = s.get("memory_speed")
     if mem:
