@@ -1182,14 +1182,16 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     record of the machine's drift. It is not applied: one thread's speed overstates how a run's
     speed moves (in one full run the probe read 1.06-1.20× for 91 rows whose steps ran a median 3%
     faster than predicted, not 10-20%). The same probe on two threads at once (both cores loaded,
-    as the runs load them) against ``load_reference`` is the row's ``load_speed``; the rows before
-    a row give its ``pace`` (``PACE_PROBES``), the speed its prediction computes at. A memory-bound
+    as the runs load them) against ``load_reference`` is the row's ``load_speed``. The rows before
+    a row give its ``pace``, the speed its prediction computes at: by default the speed at which
+    they reached their marked points against their step as calibrated (``PACE_FIELD``,
+    ``PACE_MARKS_ROWS``), else the probes named below (``PACE_PROBES``). A memory-bound
     probe (``calibrate.memory_probe``) before and after it against ``memory_reference`` (seconds a
     call; None: now) is the row's ``memory_speed`` (the slower reading); the rows before a row give
     its pace's ``memory_speed`` (``MEMORY_PACE``), the speed its layers that are not matrix
     products run at. The row's own net's training pass on both cores (``calibrate.net_probe``)
     just before it against ``net_reference`` (seconds a pass per net at calibration time; None, or
-    a net missing: now) is its ``net_speed``, which the pace follows (``PACE_FIELD``).
+    a net missing: now) is its ``net_speed``, which a probe pace follows (``PACE_FIELD``).
 
     ``deadline`` (``time.monotonic()``'s clock: when the command started plus ``matrix.budget_s``):
     the rows measure fewer seconds of steps where they would not end by it (``fit_target_s``)."""
