@@ -612,6 +612,16 @@ def test_the_probe_process_reports_the_cores_speed_at_each_call(tmp_path):
     assert all(1e8 < v < 1e13 for v in speeds)  # FLOP/s a thread: a real machine's
 
 
+def faked_sections(monkeypatch, r: dict, compute) -> None:
+    """``calibrate``'s sections answered from ``fake_result`` ``r`` (compute by ``compute``), no steal."""
+    monkeypatch.setattr(calibrate, "_compute_section", compute)
+    monkeypatch.setattr(calibrate, "_link_section", lambda *a, **k: r["link"])
+    monkeypatch.setattr(calibrate, "measure_rounds", lambda *a: {k: v for k, v in r["rounds"].items() if k != "messages"})
+    monkeypatch.setattr(calibrate, "measure_message_cpu", lambda *a: r["rounds"]["messages"])
+    monkeypatch.setattr(calibrate, "measure_synchronized_steps", lambda *a, **k: r["synchronized_steps"])
+    monkeypatch.setattr(calibrate, "steal_s", lambda: None)
+
+
 def test_a_section_whose_probes_read_low_against_the_calibrations_best_is_measured_again_at_its_end(monkeypatch):
     """The probes around the compute section read 20 GFLOP/s a thread, the rest 29: the compute
     section, steady by its own spread and by the probes known then, is measured again once the
@@ -622,12 +632,7 @@ def test_a_section_whose_probes_read_low_against_the_calibrations_best_is_measur
     def compute(cfg, log_dir, advance, cores):
         return {**r["compute"], "per_thread_flops_per_s": calibrate.spread([next(readings)] * 2)}
 
-    monkeypatch.setattr(calibrate, "_compute_section", compute)
-    monkeypatch.setattr(calibrate, "_link_section", lambda *a, **k: r["link"])
-    monkeypatch.setattr(calibrate, "measure_rounds", lambda *a: {k: v for k, v in r["rounds"].items() if k != "messages"})
-    monkeypatch.setattr(calibrate, "measure_message_cpu", lambda *a: r["rounds"]["messages"])
-    monkeypatch.setattr(calibrate, "measure_synchronized_steps", lambda *a, **k: r["synchronized_steps"])
-    monkeypatch.setattr(calibrate, "steal_s", lambda: None)
+    faked_sections(monkeypatch, r, compute)
     speeds = iter([20e9, 20e9])
     monkeypatch.setattr(calibrate, "_prober", lambda *a: contextlib.nullcontext(lambda: next(speeds, 29e9)))
     out = calibrate.calibrate(quick=True, progress=False)
@@ -715,12 +720,7 @@ def test_a_disturbed_section_is_not_measured_again_past_the_calibrations_time(mo
         calls.append(1)
         return {**r["compute"], "per_thread_flops_per_s": calibrate.spread([80e9, 95e9])}  # spread 17%: disturbed
 
-    monkeypatch.setattr(calibrate, "_compute_section", compute)
-    monkeypatch.setattr(calibrate, "_link_section", lambda *a, **k: r["link"])
-    monkeypatch.setattr(calibrate, "measure_rounds", lambda *a: {k: v for k, v in r["rounds"].items() if k != "messages"})
-    monkeypatch.setattr(calibrate, "measure_message_cpu", lambda *a: r["rounds"]["messages"])
-    monkeypatch.setattr(calibrate, "measure_synchronized_steps", lambda *a, **k: r["synchronized_steps"])
-    monkeypatch.setattr(calibrate, "steal_s", lambda: None)
+    faked_sections(monkeypatch, r, compute)
     monkeypatch.setattr(calibrate, "_prober", lambda *a: contextlib.nullcontext(lambda: 29e9))
     out = calibrate.calibrate(quick=True, progress=False, again_within_s=0.0)
     st = out["steadiness"]["compute"]

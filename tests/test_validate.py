@@ -327,8 +327,8 @@ def test_the_pace_is_the_median_load_probe_of_the_rows_before(monkeypatch):
     assert validate.pace(rows[:3]) == {"speed": 1.0, "probes": 3}
     assert validate.pace(rows[:6]) == {"speed": 1.0, "probes": 5}  # 1, 1, 1, 0.7, 0.7
     assert validate.pace(rows) == {"speed": 0.7, "probes": n}  # the older steady rows out of the window
-    paced = validate.paced_rows(rows[:3])
-    assert [r["pace"] for r in paced] == [None, {"speed": 1.0, "probes": 1}, {"speed": 1.0, "probes": 2}]
+    assert [validate.pace(rows[:i]) for i in range(3)] == [None, {"speed": 1.0, "probes": 1},
+                                                           {"speed": 1.0, "probes": 2}]
 
 
 def test_the_pace_follows_the_rows_own_nets_passes_else_the_compute_probe(monkeypatch):

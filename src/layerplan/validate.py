@@ -760,14 +760,9 @@ def pace(before: list[dict]) -> dict[str, Any] | None:
     if PACE_FIELD == "marks":
         out["follows"] = "marks"
     memory = [r["memory_speed"] for r in before if r.get("memory_speed")][-PACE_PROBES:]
-    if memory and MEMORY_PACE and PACE_FIELD != "marks":  # (the marks time the layers that are not, too)  # the layers that are not matrix products at the memory probe's pace
+    if memory and MEMORY_PACE and PACE_FIELD != "marks":  # non-matmul layers at the memory probe's (marks time them)
         out["memory_speed"] = statistics.median(memory)
     return out
-
-
-def paced_rows(rows: list[dict]) -> list[dict]:
-    """``rows`` (in the order they ran) each with the ``pace`` of the rows before it."""
-    return [{**r, "pace": pace(rows[:i])} for i, r in enumerate(rows)]
 
 
 def paced_figures(rows: list[dict]) -> dict[str, Any]:
@@ -948,10 +943,10 @@ and groups rows mark none): over vf110-vf114 the median |error| of 2, 3, 4, 6 an
 5.6, 5.9, 5.8, 5.6 and 5.9%, the max 28.9, 28.9, 29.7, 28.5 and 30.7%. A row's own marks are not
 its pace: they are its measurement."""
 PACE_PROBES = 8
-"""A row is predicted with the calibration's compute at the machine's pace (``pace``): the median
-reading ``PACE_FIELD`` names (their nets' passes; before vf113 ``load_speed``, both cores' compute
-probe, against its calibration-time reading) of the PACE_PROBES rows run before it, none of its
-own. This host's other tenants move its speed by 10-30% for stretches of minutes: over nine full
+"""Paced by a probe (``PACE_FIELD`` other than "marks", as until vf115), a row is predicted with the
+calibration's compute at the median reading ``PACE_FIELD`` names (the nets' passes in vf113-vf114;
+before, ``load_speed``, both cores' compute probe, against its calibration-time reading) of the
+PACE_PROBES rows run before it, none of its own. This host's other tenants move its speed by 10-30% for stretches of minutes: over nine full
 runs repredicted so, the median |error| of the four whose machine left the calibration's speed went
 from 12.4-18.2% to 3.1-6.5% (a fifth, 12.7% to 9.9%: its probe read 0.92× while its steps ran 1.22×
 long), of the four that held it from 3.1-5.1% to 3.2-5.0%. One thread's probe (``speed``) moved
