@@ -467,6 +467,14 @@ def test_summarize_times_each_roles_marks_where_every_rank_reached_them():
     staggered = {"timeline": [{"name": "fwd_bwd@worker0", "group": "worker", "start_s": 0.0, "end_s": 0.9, "tag": ""},
                               {"name": "fwd_bwd@worker1", "group": "worker", "start_s": 0.0, "end_s": 1.1, "tag": ""}]}
     assert timeline_marks(staggered, {"worker": {"fwd_bwd": 1.0}}) == {"worker": {"fwd_bwd": 1.1}}
+    # ... on a role of several nodes, the mean of their ends (as a run's mark is its ranks' mean);
+    # on a role of one node that serves the others in turn, its last
+    served = {"groups": {"worker": 2, "ps_worker": 1}, "timeline": [
+        *staggered["timeline"],
+        {"name": "tail@worker0", "group": "ps_worker", "start_s": 0.9, "end_s": 1.0, "tag": ""},
+        {"name": "tail@worker1", "group": "ps_worker", "start_s": 1.0, "end_s": 1.2, "tag": ""}]}
+    assert timeline_marks(served, {"worker": {"fwd_bwd": 1.0}, "ps_worker": {"tail": 1.0}}) == {
+        "worker": {"fwd_bwd": pytest.approx(1.0)}, "ps_worker": {"tail": 1.2}}
     # several iterations: the last, from its first start
     rounds = {"timeline": [{"name": f"it{i}/{n}", "group": "server", "start_s": 2.0 * i + a, "end_s": 2.0 * i + b, "tag": ""}
                            for i in range(3) for n, a, b in (("push", 0.25, 1.0), ("update", 1.0, 1.5))]}

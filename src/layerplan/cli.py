@@ -619,8 +619,8 @@ def _register_closed_loop(sub) -> None:
                    help="keep the rows (and the calibration) of DIR/validate.json and run only what is missing")
     p.add_argument("--repredict", action="store_true",
                    help="run nothing: predict DIR/validate.json's measured rows again with the current model (and "
-                        "--calibration FILE, or the stored calibration — each row at the machine's pace its "
-                        "probes read —, or --presets-only); writes DIR/repredicted/")
+                        "--calibration FILE, or the stored calibration — each row at the pace the rows run before it "
+                        "reached their marked points —, or --presets-only); writes DIR/repredicted/")
     p.add_argument("--repredict-out", metavar="DIR2", help="with --repredict: write here instead of DIR/repredicted")
     p.add_argument("--budget", type=float, metavar="MIN",
                    help="minutes the whole command may take, calibration included (default: --quick 9.5, --full 43): "

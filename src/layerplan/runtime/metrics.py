@@ -218,7 +218,7 @@ def _marks_s(records: list[dict[str, Any]], starts: dict[int, float]) -> dict[st
     return {n: _median([r["marks"][n] - starts[r["step"]] for r in records]) for n in names}
 
 
-OPENING_ROLE = {"stanza": "conv_worker", "hybrid": "conv_worker"}
+OPENING_ROLE = {"stanza": "conv_worker", "hybrid": "conv_worker", "ralp": "worker"}
 """The role whose tasks open a strategy's schedule (the cost model's time 0), where it has others."""
 
 

@@ -12,6 +12,7 @@ counts summed), ``fc`` → ``fc_server``, ``conv_model`` → ``conv_model_server
 from __future__ import annotations
 
 import os
+import statistics
 from dataclasses import replace
 from typing import Any
 
@@ -170,10 +171,15 @@ def rename_roles(pred: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
 def timeline_marks(pred: dict[str, Any], marks: dict[str, Any]) -> dict[str, dict[str, float]]:
     """When the predicted step reaches each of a run's marks (``metrics.Meter.mark``; ``marks``:
     {role: {mark: ...}}, a Measurement's ``breakdown`` will do): the end of the schedule's task of
-    that name on the role's row of ``pred``'s timeline (its last end where several nodes show it;
-    a task simulated per group of nodes, ``fwd_bwd@worker0``, counts as ``fwd_bwd``), for the marks
-    the timeline has. A timeline of several iterations (``it0/…``, ``it1/…``: engine.iteration_name)
-    is read in its last, from that iteration's first start."""
+    that name on the role's row of ``pred``'s timeline, for the marks the timeline has (a task
+    simulated per group of nodes, ``fwd_bwd@worker0``, counts as ``fwd_bwd``). Where it ends
+    several times on the row: for a role of several nodes (``pred["groups"]``) the mean of those
+    ends, as a run's mark is the mean over the role's ranks (``metrics.summarize``) — RALP's
+    workers, served in turn, end their head backward one after another (alexnet_cifar, 4 workers:
+    the last at 1.13x their mean); for a role of one node the last (RALP's PS worker marks the
+    tail's pass after serving each worker: the last mark stands). A timeline of several
+    iterations (``it0/…``, ``it1/…``: engine.iteration_name) is read in its last, from that
+    iteration's first start."""
     timeline = list(pred.get("timeline", ()))
     rounds = {_iteration(e["name"])[0] for e in timeline}
     last = max(rounds, default=-1)
@@ -181,13 +187,14 @@ def timeline_marks(pred: dict[str, Any], marks: dict[str, Any]) -> dict[str, dic
     origin = min((e["start_s"] for e in tasks), default=0.0) if last >= 0 else 0.0
     out: dict[str, dict[str, float]] = {}
     for role, names in marks.items():
-        ends: dict[str, float] = {}
+        ends: dict[str, list[float]] = {}
         for e in tasks:
             name = _iteration(e["name"])[1].partition("@")[0]
             if e["group"] == role and name in names:
-                ends[name] = max(ends.get(name, 0.0), e["end_s"] - origin)
+                ends.setdefault(name, []).append(e["end_s"] - origin)
+        several = (pred.get("groups") or {}).get(role, 1) > 1
         if ends:
-            out[role] = {n: ends[n] for n in names if n in ends}
+            out[role] = {n: statistics.fmean(ends[n]) if several else max(ends[n]) for n in names if n in ends}
     return out
 
 

@@ -47,6 +47,7 @@ class Worker(RoleBase):
             h = self.head(x)
             act = h.detach().contiguous()
             grad = torch.empty_like(act)
+        self.meter.mark("head_fwd")  # the schedule's tasks (strategies/ralp.py) that end here
         self.wait([self.isend(act, self.ps, tag(s, ACT)), self.irecv(grad, self.ps, tag(s, ACT_GRAD))])
         if not self.params:
             return
@@ -56,6 +57,7 @@ class Worker(RoleBase):
             h.backward(grad)
             g = flat_grads(self.params, out=self.scratch("grad", (self.n_params,), self.params[0].dtype))
             new = self.scratch("params", g.shape, g.dtype)
+        self.meter.mark("head_bwd")
         self.wait([self.isend(g, self.ps, tag(s, HEAD_GRAD)), self.irecv(new, self.ps, tag(s, HEAD_PARAMS))])
         with self.meter.compute():
             set_params(self.params, new)
@@ -104,6 +106,7 @@ class PsWorker(RoleBase):
                 loss = F.cross_entropy(self.tail(a), y, reduction="sum") / self.ctx.global_batch
                 loss.backward()
                 total += loss.item()
+            self.meter.mark("tail_fwd_bwd")  # the schedule's tasks (strategies/ralp.py): the last worker's ends here
             sends.append(self.isend(a.grad, w, tag(s, ACT_GRAD)))
             # this worker's head gradient may come in while the next ones are served (a transport
             # moves a message once its receive is posted); posted after its activation gradient, as
@@ -118,6 +121,7 @@ class PsWorker(RoleBase):
         with self.meter.compute():
             self.opt.step()
             new = flat_params(self.head_params).contiguous() if self.n_head else None
+        self.meter.mark("update")
         if self.n_head:
             self.wait([self.isend(new, w, tag(s, HEAD_PARAMS)) for w in self.workers])
         self.meter.loss(total, shown=total)  # the PS worker sees the whole global batch
