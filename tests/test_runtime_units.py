@@ -479,6 +479,14 @@ def test_summarize_times_each_roles_marks_where_every_rank_reached_them():
     rounds = {"timeline": [{"name": f"it{i}/{n}", "group": "server", "start_s": 2.0 * i + a, "end_s": 2.0 * i + b, "tag": ""}
                            for i in range(3) for n, a, b in (("push", 0.25, 1.0), ("update", 1.0, 1.5))]}
     assert timeline_marks(rounds, {"server": {"update": 1.4}}) == {"server": {"update": pytest.approx(1.25)}}
+    # ... from the mean start of the opening role's nodes, as a run's step starts at its ranks' mean:
+    # workers whose pulls came in one after another start 0.0 and 0.2 into the iteration
+    staggered_rounds = {"groups": {"worker": 2, "ps_worker": 1}, "timeline": [
+        {"name": f"it{i}/{n}@worker{j}", "group": g, "start_s": 2.0 * i + a + 0.2 * j, "end_s": 2.0 * i + b + 0.2 * j,
+         "tag": ""} for i in range(2) for j in range(2)
+        for n, g, a, b in (("head_fwd", "worker", 0.0, 0.5), ("tail", "ps_worker", 0.5, 0.7))]}
+    assert timeline_marks(staggered_rounds, {"worker": {"head_fwd": 0.5}, "ps_worker": {"tail": 0.8}}) == {
+        "worker": {"head_fwd": pytest.approx(0.5)}, "ps_worker": {"tail": pytest.approx(0.8)}}
 
 
 def test_a_server_sums_the_pushed_gradients_in_their_order():
