@@ -1040,6 +1040,18 @@ def test_a_link_measured_on_a_machine_unlike_its_rows_is_measured_again_after_th
                             load_reference=29e9, memory_reference=0.003)
     assert readings == [] and all("link_again" not in r and r["link_tries"] == [1.01] for r in doc["rows"])
 
+    # LINK_AGAIN_S: where measuring it again would end past the command's limit, it is not begun
+    import time
+    from dataclasses import replace
+
+    readings, said = [before, after], []
+    steps.update(allreduce=[0.5, 0.5], stanza=[0.4, 0.4])
+    doc = validate.validate(replace(m, budget_s=1.0, limit_s=1.0), tmp_path, hardware.resolve_cluster("local-cpu"),
+                            speed_reference=29e9, load_reference=29e9, memory_reference=0.003,
+                            progress=said.append, deadline=time.monotonic())
+    assert readings == [after] and any("not measured again, for want of time" in s for s in said)
+    assert all("link_again" not in r and r["link_cpu_s_per_byte"] == 22e-9 for r in doc["rows"])
+
 
 def test_a_matrix_can_take_an_unsteady_link_once(monkeypatch):
     """``Matrix.link_tries``: --quick measures a rate's link once, steady or not (its ten minutes

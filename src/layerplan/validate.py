@@ -1054,6 +1054,11 @@ LINK_TRIES, LINK_WAIT_S = 3, 5.0
 """Unsteady link measurements are taken again, ``LINK_WAIT_S`` later, up to ``LINK_TRIES`` in all;
 the steadiest are kept (``link_steadiness``)."""
 
+LINK_AGAIN_S = 70.0
+"""Seconds a rate's link measured again after its rows may take (up to ``LINK_TRIES`` readings of its
+messages, both directions and its flows): not begun where it would end past the command's limit
+(``Matrix.limit_s``; vf117 took 45.2 min, its 10 Gbit/s link measured three times more at the end)."""
+
 
 def link_steadiness(rate_bytes_per_s: float, link_rate: float, duplex: dict | None) -> float:
     """How far the rate's link measurements fall short of steady: the least of the messages'
@@ -1372,22 +1377,27 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             if track and link_tries and ran and (unsteady or apart):
                 why = (f"read at most {max(link_tries):.3f} of steady before its rows" if unsteady
                        else f"was measured on a machine unlike its rows' ({apart})")
-                if progress:
-                    progress(f"the {rate} link {why}: measured again after them")
-                later = measure_rate_links(emu, progress, most=matrix.link_tries or LINK_TRIES, probe=machine_now)
-                if unsteady:
-                    steadier = max(later["tries"]) > max(link_tries)
-                else:  # as steady in payload, and read nearer the rows' conditions
-                    steadier = (max(later["tries"]) >= LINK_AGAIN_BELOW and probe_distance(later.get("probe"), ran)
-                                < probe_distance(link_probe, ran))
-                link_tries = [*link_tries, *later["tries"]]
-                if steadier:
-                    link_cpu, link_rate, duplex = later["cpu_s_per_byte"], later["rate_bytes_per_s"], later["duplex"]
-                    link_probe = later.get("probe")
-                rows[:] = [{**relinked(r, emu, calibrated, link_cpu, link_rate, duplex, link_tries, len(later["tries"])),
-                            "link_probe": link_probe, "link_again": why, "link_later_kept": steadier}
-                           if key(r) in ours and r.get("link_tries") is not None else r for r in rows]
-                write(out_dir, rows, skipped, calibrated, meta, plots=False)
+                if limit is not None and time.monotonic() + LINK_AGAIN_S > limit:  # the command's limit first
+                    if progress:
+                        progress(f"the {rate} link {why}: not measured again, for want of time")
+                else:
+                    if progress:
+                        progress(f"the {rate} link {why}: measured again after them")
+                    later = measure_rate_links(emu, progress, most=matrix.link_tries or LINK_TRIES, probe=machine_now)
+                    if unsteady:
+                        steadier = max(later["tries"]) > max(link_tries)
+                    else:  # as steady in payload, and read nearer the rows' conditions
+                        steadier = (max(later["tries"]) >= LINK_AGAIN_BELOW and probe_distance(later.get("probe"), ran)
+                                    < probe_distance(link_probe, ran))
+                    link_tries = [*link_tries, *later["tries"]]
+                    if steadier:
+                        link_cpu, link_rate, duplex = later["cpu_s_per_byte"], later["rate_bytes_per_s"], later["duplex"]
+                        link_probe = later.get("probe")
+                    rows[:] = [{**relinked(r, emu, calibrated, link_cpu, link_rate, duplex, link_tries,
+                                           len(later["tries"])),
+                                "link_probe": link_probe, "link_again": why, "link_later_kept": steadier}
+                               if key(r) in ours and r.get("link_tries") is not None else r for r in rows]
+                    write(out_dir, rows, skipped, calibrated, meta, plots=False)
             # the short configurations once more, the last first (REPEAT_BELOW_S)
             for c in reversed(batch):
                 r = next((r for r in rows if key(r) == key(c)), None)
