@@ -938,8 +938,8 @@ own marked points need no reference: over those five full runs (vf110-vf114, rep
 them 4.6-6.9% at the median, p90 12.9-19.8%, max 22.3-35.2%; by the probes 4.4-19.8 / 12.7-36.6 /
 20.1-50.3%; as calibrated 5.1-13.1 / 19.1-31.0 / 30.0-39.9%."""
 PACE_MARKS_ROWS = 6
-"""A row's marks pace stands on the last this many rows with marked points run before it (ralp
-and groups rows mark none): over vf110-vf114 the median |error| of 2, 3, 4, 6 and 8 rows averaged
+"""A row's marks pace stands on the last this many rows with marked points run before it (the
+compute groups' rows mark none; RALP's since vf116): over vf110-vf114 the median |error| of 2, 3, 4, 6 and 8 rows averaged
 5.6, 5.9, 5.8, 5.6 and 5.9%, the max 28.9, 28.9, 29.7, 28.5 and 30.7%. A row's own marks are not
 its pace: they are its measurement."""
 PACE_PROBES = 8

@@ -179,7 +179,7 @@ def timeline_marks(pred: dict[str, Any], marks: dict[str, Any]) -> dict[str, dic
     the last at 1.13x their mean); for a role of one node the last (RALP's PS worker marks the
     tail's pass after serving each worker: the last mark stands). A timeline of several
     iterations (``it0/…``, ``it1/…``: engine.iteration_name) is read in its last, from that
-    iteration's first start."""
+    iteration's start as a run times it (``_opening_s``)."""
     timeline = list(pred.get("timeline", ()))
     rounds = {_iteration(e["name"])[0] for e in timeline}
     last = max(rounds, default=-1)
