@@ -1133,7 +1133,8 @@ def test_a_disturbed_row_does_not_run_again_where_the_rows_leave_no_time(tmp_pat
 
 
 def test_the_pace_follows_the_speed_at_which_the_rows_before_reached_their_marks():
-    """By default (``PACE_FIELD`` "marks") a row's pace is the median of 1 / ``marks_ratio`` against
+    """By default (``PACE_FIELD`` "marks") a row's pace is the median of 1 / ``latest_marks_ratio``
+    (each role's latest point; ``marks_ratio`` with ``PACE_MARKS`` "all") against
     the step as calibrated (``calibrated_marks_s``) of the last PACE_MARKS_ROWS rows before it with
     marks; rows without marks (ralp, groups) are passed over, and the probes are not read."""
     assert validate.PACE_FIELD == "marks"
@@ -1148,6 +1149,24 @@ def test_the_pace_follows_the_speed_at_which_the_rows_before_reached_their_marks
     rows = [marked(1.0), {"load_speed": 0.5}, marked(1.25), marked(1.25)]
     assert validate.pace(rows) == {"speed": pytest.approx(0.8), "probes": 3, "follows": "marks"}
     assert validate.pace([marked(1.0)] * 3 + [marked(2.0)] * n)["speed"] == pytest.approx(0.5)  # the older out
+
+
+def test_the_pace_stands_on_each_roles_latest_marked_point(monkeypatch):
+    """``latest_marks_ratio``: per role the point the prediction puts latest, the median over the
+    roles; by default (``PACE_MARKS`` "last") the pace reads it, "all" the median over every point."""
+    row = {"measured_marks_s": {"worker": {"fwd": 0.08, "bwd": 0.2, "unbucket": 0.48},
+                                "server": {"update": 0.12, "recv": 0.05}},
+           "calibrated_marks_s": {"worker": {"fwd": 0.1, "bwd": 0.2, "unbucket": 0.4},
+                                  "server": {"update": 0.1, "recv": 0.05}}}
+    assert validate.latest_marks_ratio(row, "calibrated_marks_s") == pytest.approx(1.2)  # 0.48/0.4, 0.12/0.1
+    assert validate.marks_ratio(row, "calibrated_marks_s") == pytest.approx(1.0)  # 0.8, 1, 1.2, 1.2, 1
+    assert validate.latest_marks_ratio({}, "calibrated_marks_s") is None
+    assert validate.latest_marks_ratio({**row, "calibrated_marks_s": {"worker": {"fwd": 0.0}}},
+                                       "calibrated_marks_s") is None
+    assert validate.PACE_MARKS == "last"
+    assert validate.pace([row])["speed"] == pytest.approx(1 / 1.2)
+    monkeypatch.setattr(validate, "PACE_MARKS", "all")
+    assert validate.pace([row])["speed"] == pytest.approx(1.0)
 
 
 def test_repredicting_paces_each_row_by_the_marks_of_the_rows_before_as_predicted_now():

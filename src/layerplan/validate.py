@@ -744,12 +744,14 @@ def steady_errors(rows: list[dict]) -> dict[str, Any] | None:
 def pace(before: list[dict]) -> dict[str, Any] | None:
     """The machine's pace for the next row: by default (``PACE_FIELD`` "marks") the median speed at
     which the last PACE_MARKS_ROWS rows of ``before`` (in the order they ran) with marked points
-    reached them against their step as calibrated (1 / ``marks_ratio`` of ``calibrated_marks_s``);
+    reached them against their step as calibrated (1 / ``latest_marks_ratio`` of
+    ``calibrated_marks_s``: each role's latest point, ``PACE_MARKS``; "all": ``marks_ratio``);
     else the median ``PACE_FIELD`` reading (else ``load_speed``) of the last PACE_PROBES rows that
     have one, with the median ``memory_speed`` of the last PACE_PROBES that have one
     (``MEMORY_PACE``). How many rows it stands on; None where none has a reading."""
     if PACE_FIELD == "marks":
-        ratios = (marks_ratio(r, "calibrated_marks_s") for r in before)
+        read = latest_marks_ratio if PACE_MARKS == "last" else marks_ratio
+        ratios = (read(r, "calibrated_marks_s") for r in before)
         speeds = [1.0 / x for x in ratios if x][-PACE_MARKS_ROWS:]
     else:
         readings = (r.get(PACE_FIELD) or r.get("load_speed") for r in before)
@@ -796,6 +798,20 @@ def marks_ratio(row: dict, predicted: str = "predicted_marks_s") -> float | None
     meas, pred = row.get("measured_marks_s") or {}, row.get(predicted) or {}
     ratios = [t / pred[role][mark] for role, marks in meas.items() for mark, t in marks.items()
               if (pred.get(role) or {}).get(mark, 0.0) > 0.0]
+    return statistics.median(ratios) if ratios else None
+
+
+def latest_marks_ratio(row: dict, predicted: str = "predicted_marks_s") -> float | None:
+    """Per role, the measured over the predicted time (``predicted``, as in ``marks_ratio``) of the
+    marked point the prediction puts latest in the role's step — the one that has the most of the
+    step behind it — and the median of that over the roles; None where no role has one to compare."""
+    meas, pred = row.get("measured_marks_s") or {}, row.get(predicted) or {}
+    ratios = []
+    for role, marks in meas.items():
+        known = [(pred[role][mark], t) for mark, t in marks.items() if (pred.get(role) or {}).get(mark, 0.0) > 0.0]
+        if known:
+            at_s, t = max(known)
+            ratios.append(t / at_s)
     return statistics.median(ratios) if ratios else None
 
 
@@ -942,6 +958,19 @@ PACE_MARKS_ROWS = 6
 compute groups' rows mark none; RALP's since vf116): over vf110-vf114 the median |error| of 2, 3, 4, 6 and 8 rows averaged
 5.6, 5.9, 5.8, 5.6 and 5.9%, the max 28.9, 28.9, 29.7, 28.5 and 30.7%. A row's own marks are not
 its pace: they are its measurement."""
+PACE_MARKS = "last"
+"""Which of a marked row's points its speed for the pace is read at: "last" (``latest_marks_ratio``:
+each role's latest point, the median over the roles) or "all" (``marks_ratio``: the median over
+every point, until vf118). The early points — the end of forward, of the convolutions' forward, an
+FC worker's per-layer forward, the activations' arrival — came a median 0.90-0.99× their paced time
+at 1 and 10 Gbit/s (0.94-1.01× at 100 Mbit/s) in vf115-vf117 while the latest came 1.00-1.05×
+(alexnet_cifar's stanza CONV workers' forward at 0.75-0.97 of their step's ratio): the first pass
+of a step runs on caches the previous update left warm and while the other ranks still wait, so
+the median over every point read the machine fast, and the rows' signed median errors were −1.1,
+−2.3 and −3.9%. Repredicted over the eight full runs vf110-vf117, the median / p90 / max |error|
+averaged 4.81 / 15.85 / 27.63% over every point, 4.88 / 14.50 / 28.05% at each role's latest
+(vf116 3.38 / 14.75 / 26.76 → 3.81 / 12.58 / 27.18%; vf117 4.99 / 18.05 / 27.21 → 4.81 / 13.99 /
+25.15%), 5.04 / 14.46 / 28.41% at the single latest point of the row."""
 PACE_PROBES = 8
 """Paced by a probe (``PACE_FIELD`` other than "marks", as until vf115), a row is predicted with the
 calibration's compute at the median reading ``PACE_FIELD`` names (the nets' passes in vf113-vf114;
