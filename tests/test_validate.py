@@ -903,6 +903,45 @@ def test_a_row_run_while_the_cores_were_disturbed_runs_again_and_the_steadier_ru
     assert steps == {"ps": [], "allreduce": []} and next(loads, None) is None
 
 
+def test_a_row_run_again_is_paced_at_the_mean_of_its_runs_moments(tmp_path, monkeypatch):
+    """A row's step is the mean of its runs, so its pace is the mean of the paces at their moments
+    (``run_pace``: the marks of the runs just before each, in the order they ran; none: 1.0), and
+    it is predicted again at that pace. Stanza's first run reaches its marks at twice their time."""
+    from layerplan import hardware
+
+    steps = {"allreduce": [0.200, 0.204, 0.205], "stanza": [0.201, 0.199, 0.200]}
+    order = []
+    fake_matrix_loop(monkeypatch, steps, order)
+    fake_run = validate.run_case
+
+    def run(case, *a, **k):
+        row = fake_run(case, *a, **k)
+        late = 2.0 if order == ["allreduce", "stanza"] else 1.0
+        return {**row, "measured_marks_s": {"worker": {"fwd": 0.01, "unbucket": 0.1 * late}}}
+
+    monkeypatch.setattr(validate, "run_case", run)
+    probing(monkeypatch, lambda: 29e9)
+    monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
+        "predicted_step_s": 0.2 / (row["pace"] or {"speed": 1.0})["speed"], "error": 0.0, "preset_error": 0.0,
+        "predicted_throughput": 32.0, "calibrated_marks_s": {"worker": {"fwd": 0.01, "unbucket": 0.1}}})
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "stanza"),
+                        target_s=20.0, max_steps=30)
+    doc = validate.validate(m, tmp_path, hardware.resolve_cluster("local-cpu"), speed_reference=29e9,
+                            load_reference=29e9, memory_reference=0.003)
+    assert order == ["allreduce", "stanza", "stanza", "allreduce", "stanza", "allreduce"]
+    # the runs' speeds in time: 1, 0.5, then 1 each; each run paced by the median of those before it
+    # allreduce: none (1.0), then [1, 0.5, 1] → 1.0, then [1, 0.5, 1, 1, 1] → 1.0
+    # stanza: [1] → 1.0, then [1, 0.5] → 0.75, then [1, 0.5, 1, 1] → 1.0
+    rows = {r["strategy"]: r for r in doc["rows"]}
+    assert rows["allreduce"]["pace"]["speed"] == pytest.approx(1.0) and rows["allreduce"]["pace"]["runs"] == 3
+    assert rows["stanza"]["pace"]["speed"] == pytest.approx((1.0 + 0.75 + 1.0) / 3)
+    assert rows["stanza"]["predicted_step_s"] == pytest.approx(0.2 / ((1.0 + 0.75 + 1.0) / 3))  # predicted again
+    assert rows["stanza"]["measured_runs_s"] == [0.201, 0.199, 0.200]
+    assert validate.run_pace(None, 1, None) is None
+    assert validate.run_pace({"speed": 0.8, "probes": 6}, 0, {"speed": 1.2, "probes": 6}) == {"speed": 1.2, "probes": 6}
+    assert validate.run_pace({"speed": 0.8}, 2, {"speed": 1.1})["speed"] == pytest.approx(0.9)
+
+
 def test_a_run_again_while_the_cores_were_disturbed_is_not_kept(tmp_path, monkeypatch):
     """A deciding run after which both cores' probe read below DISTURBED_LOAD (another tenant had
     them) is not one of its row's runs: the row keeps the others, and records it in ``dropped_runs``."""
