@@ -231,6 +231,33 @@ def test_the_rows_measure_fewer_seconds_of_steps_where_the_budget_is_short():
     assert validate.measured_steps(replace(m, target_s=t), 0.25) < validate.measured_steps(m, 0.25)
 
 
+def test_rows_far_behind_their_scenarios_best_give_way_where_the_floor_overruns_the_budget():
+    """leave_out: none where the rows fit; else those predicted LEAVE_OUT_BEHIND× their scenario's
+    best or more, the longest first, until the rest fit — never a scenario's best, never the
+    speedups' strategies (COMPARED)."""
+    m = replace(validate.MATRICES["full"], target_s=validate.MIN_TARGET_S)
+
+    steps_s = {"stanza": 4.0, "allreduce": 9.0, "hybrid": 5.0, "groups(g=4)": 10.0, "groups(g=2)": 8.5, "ralp": 7.9}
+    pending = [{"model": c.model, "strategy": c.strategy, "label": c.label, "workers": c.workers, "rate": c.rate,
+                "config": c.config, "predicted_step_s": steps_s[c.label]} for c in validate.cases(m)
+               if (c.model, c.workers, c.rate) == ("vgg16_cifar", 4, "100Mbit") and c.label in steps_s]
+    assert len(pending) == len(steps_s)
+    by = {r["label"]: r for r in pending}
+
+    def est(rows: list[dict]) -> float:
+        return sum(validate.row_estimate_s(m, r["predicted_step_s"], validate.unmeasured_steps(r["strategy"], r["config"]))
+                   for r in rows)
+
+    assert validate.leave_out(pending, m, est(pending)) == {}
+    key = lambda r: (r["model"], r["label"], r["workers"], r["rate"])  # noqa: E731
+    # a little over: the longest row 2× behind goes (groups(g=4)), no other
+    out = validate.leave_out(pending, m, est(pending) - 1)
+    assert list(out) == [key(by["groups(g=4)"])] and "2.5× its scenario's best" in out[key(by["groups(g=4)"])]
+    # far over: every row 2× behind goes, but DDP (a speedup's peer) and ralp (1.98×) stay
+    out = validate.leave_out(pending, m, 1.0)
+    assert set(out) == {key(by["groups(g=4)"]), key(by["groups(g=2)"])}
+
+
 def test_validate_runs_the_matrix_on_an_emulated_cluster(tmp_path):
     from layerplan.runtime import emulate
 
