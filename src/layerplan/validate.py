@@ -1357,8 +1357,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             rows_s = sum(row_estimate_s(matrix, r["predicted_step_s"], unmeasured_steps(r["strategy"], r["config"]))
                          for r in pending)
             if progress:
-                progress(f"leaving out {len(left_out)} configurations predicted {LEAVE_OUT_BEHIND:g}× or more their "
-                         f"scenario's best step, to end within the budget: "
+                progress(f"without {len(left_out)} configurations predicted {LEAVE_OUT_BEHIND:g}× or more their "
+                         f"scenario's best step, to end within the budget of {matrix.budget_s / 60:.1f} min: "
                          + ", ".join(f"{m} {lab} {n}w {rate}" for m, lab, n, rate in left_out))
         rerun_left_s = max(0.0, min(available_s * RERUN_SHARE, available_s - rows_s))
         for r in pending:
