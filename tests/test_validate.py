@@ -245,11 +245,10 @@ def test_rows_far_behind_their_scenarios_best_give_way_where_the_floor_overruns_
     by = {r["label"]: r for r in pending}
 
     def est(rows: list[dict]) -> float:
-        return sum(validate.row_estimate_s(m, r["predicted_step_s"], validate.unmeasured_steps(r["strategy"], r["config"]))
-                   for r in rows)
+        return sum(validate.pending_estimate_s(m, r) for r in rows)
 
     assert validate.leave_out(pending, m, est(pending)) == {}
-    key = lambda r: (r["model"], r["label"], r["workers"], r["rate"])  # noqa: E731
+    key = validate.key
     # a little over: the longest row 2× behind goes (groups(g=4)), no other
     out = validate.leave_out(pending, m, est(pending) - 1)
     assert list(out) == [key(by["groups(g=4)"])] and "2.5× its scenario's best" in out[key(by["groups(g=4)"])]
