@@ -145,7 +145,9 @@ def check_run(tmp_path, model, strategy, config, batch, **kw):
     # Each point a role marks in its step ends a task of the schedule on the role's row, in the same order.
     marks = {k: b["marks_s"] for k, b in m["breakdown"].items() if "marks_s" in b}
     if strategy in ("allreduce", "stanza", "ps", "ralp"):
-        assert marks and all(0 < t < m["step_time_s"] * 10 for v in marks.values() for t in v.values())
+        # Timed from the opening role's mean start (metrics._step_starts): on a tiny net, a rank that
+        # began before that mean can reach its first point a fraction of a millisecond before it.
+        assert marks and all(-m["step_time_s"] < t < m["step_time_s"] * 10 for v in marks.values() for t in v.values())
     points = timeline_marks(pred, marks)
     assert {k: list(v) for k, v in points.items()} == {k: list(v) for k, v in marks.items()}
     for role, v in points.items():
