@@ -388,13 +388,16 @@ def leave_out(pending: list[dict], matrix: Matrix, available_s: float) -> dict[t
     total_s = sum(pending_estimate_s(matrix, r) for r in pending)
     if total_s <= available_s:
         return {}
+
+    def scenario(r: dict) -> tuple:
+        return (r["model"], r["workers"], r["rate"])
+
     best: dict[tuple, float] = {}
     for r in pending:
-        s = (r["model"], r["workers"], r["rate"])
-        best[s] = min(best.get(s, math.inf), r["predicted_step_s"])
-    behind = [(pending_estimate_s(matrix, r), r["predicted_step_s"] / best[(r["model"], r["workers"], r["rate"])], r) for r in pending
-              if r["strategy"] not in COMPARED
-              and r["predicted_step_s"] >= LEAVE_OUT_BEHIND * best[(r["model"], r["workers"], r["rate"])]]
+        best[scenario(r)] = min(best.get(scenario(r), math.inf), r["predicted_step_s"])
+    ratio = {key(r): r["predicted_step_s"] / best[scenario(r)] for r in pending}  # x its scenario's best
+    behind = [(pending_estimate_s(matrix, r), ratio[key(r)], r) for r in pending
+              if r["strategy"] not in COMPARED and ratio[key(r)] >= LEAVE_OUT_BEHIND]
     out = {}
     for row_s, times, r in sorted(behind, key=lambda x: -x[0]):
         if total_s <= available_s:
