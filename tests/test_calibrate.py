@@ -730,3 +730,56 @@ def test_a_disturbed_section_is_not_measured_again_past_the_calibrations_time(mo
     calls.clear()
     out = calibrate.calibrate(quick=True, progress=False, again_within_s=3600.0)
     assert len(calls) == calibrate.SECTION_TRIES and not out["steadiness"]["compute"]["out_of_time"]
+
+
+def test_a_later_reading_merges_its_repeats_into_every_spread_and_recomputes_the_derived_figures():
+    s = calibrate.spread
+    first = {"where": "loopback", "sizes_bytes": [1, 2], "p2p_time_s_by_repeat": [[1.0, 2.0], [1.2, 2.2]],
+             "p2p_time_s": [1.1, 2.1], "payload_bytes_per_s": s([3.4e9, 3.5e9]),
+             "allreduce": {"3": {"bytes": 8, "time_s": s([0.019, 0.020])}}}
+    later = {"where": "loopback", "sizes_bytes": [1, 2], "p2p_time_s_by_repeat": [[3.0, 4.0]],
+             "p2p_time_s": [3.0, 4.0], "payload_bytes_per_s": s([2.6e9]),
+             "allreduce": {"3": {"bytes": 8, "time_s": s([0.023])}}}
+    out = calibrate.merge_link(first, later)
+    assert out["payload_bytes_per_s"]["values"] == [3.4e9, 3.5e9, 2.6e9]
+    assert out["payload_bytes_per_s"]["median"] == 3.4e9
+    assert out["payload_bytes_per_s"]["spread"] == pytest.approx((3.5 - 2.6) / 3.4)  # the drift stated
+    assert out["allreduce"]["3"]["time_s"]["values"] == [0.019, 0.020, 0.023] and out["allreduce"]["3"]["bytes"] == 8
+    assert out["p2p_time_s"] == [1.2, 2.2] and len(out["p2p_time_s_by_repeat"]) == 3
+    assert out["where"] == "loopback" and first["payload_bytes_per_s"]["values"] == [3.4e9, 3.5e9]  # first untouched
+    rounds = calibrate.merge_rounds({"bytes": 4096, "round_s": {"2": s([0.2e-3]), "4": s([0.8e-3])}, "oversubscribed_wait_s": 0.6e-3},
+                                    {"bytes": 4096, "round_s": {"2": s([0.15e-3]), "4": s([0.9e-3])}, "oversubscribed_wait_s": 0.75e-3}, 2)
+    assert rounds["round_s"]["2"]["values"] == [0.2e-3, 0.15e-3]
+    assert rounds["oversubscribed_wait_s"] == pytest.approx(0.85e-3 - 0.15e-3)  # the merged rounds' median less the least
+
+
+def test_a_full_calibration_reads_the_link_and_rounds_again_at_its_end_and_a_quick_one_does_not(monkeypatch):
+    r = fake_result("local")
+    faked_sections(monkeypatch, r, lambda *a: r["compute"])
+    reads = {"link": 0, "rounds": 0}
+    payloads = iter([[3.4e9, 3.5e9], [2.6e9, 2.7e9]])
+
+    def link(*a, **k):
+        reads["link"] += 1
+        return {**r["link"], "payload_bytes_per_s": calibrate.spread(next(payloads))}
+
+    def rounds(*a):
+        reads["rounds"] += 1
+        return {k: v for k, v in r["rounds"].items() if k != "messages"}
+
+    monkeypatch.setattr(calibrate, "_link_section", link)
+    monkeypatch.setattr(calibrate, "measure_rounds", rounds)
+    monkeypatch.setattr(calibrate, "_prober", lambda *a: contextlib.nullcontext(lambda: 29e9))
+    monkeypatch.setattr(calibrate, "measure_profile", lambda *a, **k: None)
+    out = calibrate.calibrate(quick=False, progress=False)
+    assert reads == {"link": 2, "rounds": 2}
+    assert out["link"]["payload_bytes_per_s"]["values"] == [3.4e9, 3.5e9, 2.6e9, 2.7e9]
+    assert out["rounds"]["round_s"]["2"]["values"] == r["rounds"]["round_s"]["2"]["values"] * 2
+    assert out["steadiness"]["link"]["later_reading_after_s"] >= 0 and out["steadiness"]["link"]["tries"] == 1
+    assert "later_reading_after_s" not in out["steadiness"]["compute"]
+    assert any(line.startswith("link and rounds read again") for line in calibrate.summary_lines(out))
+    reads.update(link=0, rounds=0)
+    payloads = iter([[3.4e9, 3.5e9]])
+    out = calibrate.calibrate(quick=True, progress=False)
+    assert reads == {"link": 1, "rounds": 1} and "later_reading_after_s" not in out["steadiness"]["link"]
+    assert not any("read again" in line for line in calibrate.summary_lines(out))

@@ -551,6 +551,50 @@ predicted DDP 9% fast at 10 Gbit/s, where another's 1.96 ms predicted it within 
 1.8-3.1 ms (medians 2.7 and 2.2 ms)."""
 
 
+# ---- a later reading: the spread over minutes, not only over seconds ----------------------------
+LATER_READING_SECTIONS = ("link", "rounds")
+"""Sections ``calibrate`` reads once more at its end, minutes after their first reading, merging the
+two readings' repeats (``merge_readings``; not with ``quick``). A section's repeats come seconds
+apart, and these figures drift over minutes more than their repeats spread. Two calibrations here,
+6 minutes apart:
+- loopback payload: 3.49 and 2.64 GB/s, each run's repeats within 21% and 6%;
+- 3-rank all-reduce: 19 and 23 ms, within 3% and 13%;
+- 2-rank ring round: 0.157 and 0.194 ms, within 7% and 10%.
+
+Three blocks of three repeats in a row, within a minute: 3.07–3.37, 3.69–4.05 and 3.34–3.58 GB/s.
+With the later reading merged, the spread the file states covers what a second calibration reads.
+The compute figures drift less than their repeats spread (0.3–2.8% apart), so they are read once."""
+
+
+def merge_readings(first: Any, later: Any) -> Any:
+    """``first`` with every figure that is a ``spread`` summary (median, spread, values) holding the
+    repeats of both readings, recomputed; everything else ``first``'s."""
+    if isinstance(first, dict) and isinstance(later, dict):
+        if "values" in first and "median" in first and isinstance(later.get("values"), list):
+            return spread(list(first["values"]) + list(later["values"]))
+        return {k: merge_readings(v, later[k]) if k in later else v for k, v in first.items()}
+    return first
+
+
+def merge_link(first: dict, later: dict) -> dict:
+    """Two readings of the link section as one: their repeats merged (``merge_readings``), the
+    point-to-point time per size the median over both readings' repeats."""
+    out = merge_readings(first, later)
+    if first.get("sizes_bytes") == later.get("sizes_bytes") and "p2p_time_s_by_repeat" in later:
+        reps = list(first["p2p_time_s_by_repeat"]) + list(later["p2p_time_s_by_repeat"])
+        out["p2p_time_s_by_repeat"] = reps
+        out["p2p_time_s"] = [statistics.median(rep[k] for rep in reps) for k in range(len(first["sizes_bytes"]))]
+    return out
+
+
+def merge_rounds(first: dict, later: dict, cores: int) -> dict:
+    """Two readings of the ring rounds as one: the rounds' repeats merged, ``oversubscribed_wait_s``
+    from them again."""
+    out = merge_readings(first, later)
+    out["oversubscribed_wait_s"] = oversubscribed_wait(out["round_s"], cores)
+    return out
+
+
 # ---- a steady machine: a section measured again where something else disturbed it ------------
 SECTION_TRIES = 2
 """How often ``calibrate`` measures a section at most: one that ``disturbance`` flags is measured
@@ -677,6 +721,13 @@ def steadiness_lines(result: dict) -> list[str]:
                          f"({st['disturbed'][0]})" + (f"; warning: still disturbed ({st['kept_disturbed']}): predictions "
                                                       "from it may be off — calibrate on an idle machine"
                                                       if st["kept_disturbed"] else "; the steady reading kept"))
+    later = {stage: st["later_reading_after_s"] for stage, st in (result.get("steadiness") or {}).items()
+             if st.get("later_reading_after_s") is not None}
+    if later:
+        mins = list(dict.fromkeys(f"{v / 60:.1f}" for v in later.values()))
+        lines.append(" and ".join(k.replace("_", " ") for k in later) + " read again "
+                     + " and ".join(mins) + " min after their first reading: "
+                     "their spreads are over both readings (these figures drift over minutes)")
     return lines
 
 
@@ -1143,8 +1194,11 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
         results: dict[str, dict] = {}
         sections: dict[str, tuple[Callable[[], dict], Callable[[dict, str], dict] | None]] = {}
 
+        first_read: dict[str, float] = {}  # when each section's first reading began
+
         def section(stage: str, what: str, measure: Callable[[], dict], again=None) -> dict:
             sections[stage] = (measure, again)
+            first_read[stage] = time.monotonic()
             if bar is not None and what:
                 bar.update(task, description=what)
             results[stage] = steady(stage, measure, again)
@@ -1197,6 +1251,16 @@ def calibrate(on: str = "local", name: str = "default", repeats: int = 3, quick:
                 if stage == "compute":
                     effective = results["compute"]["effective_cores"]["median"]
                 stages[stage] += time.monotonic() - t_again
+        if not quick:  # the drifting figures read once more, minutes on (LATER_READING_SECTIONS)
+            for stage in LATER_READING_SECTIONS:
+                if bar is not None:
+                    bar.update(task, description=f"{stage} again, minutes later: their spread over both readings")
+                t_later = time.monotonic()
+                later = sections[stage][0]()
+                results[stage] = (merge_link(results[stage], later) if stage == "link"
+                                  else merge_rounds(results[stage], later, cores))
+                steadiness[stage]["later_reading_after_s"] = t_later - first_read[stage]
+                stages[stage] += time.monotonic() - t_later
     rounds = {**results["rounds"], "messages": results["messages"]}
     prof = results.get("profile")
     out = {
