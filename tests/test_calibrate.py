@@ -770,7 +770,6 @@ def test_a_full_calibration_reads_the_link_and_rounds_again_at_its_end_and_a_qui
     monkeypatch.setattr(calibrate, "_link_section", link)
     monkeypatch.setattr(calibrate, "measure_rounds", rounds)
     monkeypatch.setattr(calibrate, "_prober", lambda *a: contextlib.nullcontext(lambda: 29e9))
-    monkeypatch.setattr(calibrate, "measure_profile", lambda *a, **k: None)
     out = calibrate.calibrate(quick=False, progress=False)
     assert reads == {"link": 2, "rounds": 2}
     assert out["link"]["payload_bytes_per_s"]["values"] == [3.4e9, 3.5e9, 2.6e9, 2.7e9]

@@ -562,8 +562,12 @@ apart, and these figures drift over minutes more than their repeats spread. Two 
 - 2-rank ring round: 0.157 and 0.194 ms, within 7% and 10%.
 
 Three blocks of three repeats in a row, within a minute: 3.07–3.37, 3.69–4.05 and 3.34–3.58 GB/s.
-With the later reading merged, the spread the file states covers what a second calibration reads.
-The compute figures drift less than their repeats spread (0.3–2.8% apart), so they are read once."""
+With the later reading merged, the spread the file states holds the drift seen during the
+calibration (the next one: 4.04–4.11 GB/s first, 3.27–3.94 later, a 21% spread). A host that
+slows after the calibration is not in it: two such calibrations 14 minutes apart, the second on a
+host 8% slower in one thread's FLOP/s, read 3.99 and 2.56 GB/s. The compute figures of the first two
+calibrations were 0.3–2.8% apart (the fully connected layers' 4.7–6.3%), within their repeats'
+spread but for the effective cores (5.0% against 3.0%); its section takes a minute, so it is read once."""
 
 
 def merge_readings(first: Any, later: Any) -> Any:
