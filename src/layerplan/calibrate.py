@@ -587,7 +587,7 @@ def merge_link(first: dict, later: dict) -> dict:
     if first.get("sizes_bytes") == later.get("sizes_bytes") and "p2p_time_s_by_repeat" in later:
         reps = list(first["p2p_time_s_by_repeat"]) + list(later["p2p_time_s_by_repeat"])
         out["p2p_time_s_by_repeat"] = reps
-        out["p2p_time_s"] = [statistics.median(rep[k] for rep in reps) for k in range(len(first["sizes_bytes"]))]
+        out["p2p_time_s"] = [spread([rep[k] for rep in reps])["median"] for k in range(len(first["sizes_bytes"]))]
     return out
 
 
