@@ -8,7 +8,9 @@ traffic took from compute (2 cores × the pace lost), and the ratio of that to t
 all-reducing processes account for themselves (the peer: what a per-byte CPU charge measured on an
 idle machine sees). Above 1, the traffic costs the compute more than the CPU it is charged: its
 threads wake on cores busy with compute and the compute refills its caches after each wake-up.
-Also prints, per window of WINDOW_SLICE_S, the slower compute process's pace over the two's mean,
+Also prints the all-reduce's payload rate during the compute against the same all-reduce's on idle
+cores (the peer, measured in the same run): below 1, busy cores slow the link itself. Also
+prints, per window of WINDOW_SLICE_S, the slower compute process's pace over the two's mean,
 without traffic and during it: where the traffic's CPU lands on one process's core rather than
 spread over both, it falls during the traffic. Asserts nothing; needs root or an unprivileged user
 namespace (skips with the reason otherwise).
@@ -53,27 +55,31 @@ while time.time() < stop:
     n += 1
 t1, cpu = time.time(), time.process_time() - c0
 print(json.dumps({"calls": n, "t0": t0, "t1": t1, "bytes": n * buf.numel() * 4, "cpu_s": cpu}))
+dist.destroy_process_group()
 """
 
 WINDOW_S, QUIET_S, TRAFFIC_S = 16.0, 7.0, 5.0
 WINDOW_SLICE_S = 0.25  # about one DDP bucket's all-reduce at 1 Gbit/s: how long a rank's lag can build
 
 
-def once(rate: str, port: int) -> dict:
-    """One window: compute alone, then with the all-reduce, then alone again."""
+def once(rate: str, port: int, compute: bool = True) -> dict:
+    """One window: compute alone, then with the all-reduce, then alone again (``compute`` False:
+    the all-reduce alone on idle cores, its payload rate only)."""
     from layerplan.runtime import emulate
 
     with emulate.running(2, rate) as emu:
         now = time.time()
         start, stop = now + QUIET_S, now + QUIET_S + TRAFFIC_S
         comps = [subprocess.Popen([sys.executable, "-c", COMPUTE, str(WINDOW_S)], stdout=subprocess.PIPE, text=True)
-                 for _ in range(2)]
+                 for _ in range(2 if compute else 0)]
         ranks = [subprocess.Popen([*emu.exec_prefix(i), sys.executable, "-c", ALLREDUCE], stdout=subprocess.PIPE,
                                   text=True, env={**os.environ, **emulate.host_env(emu, i, 2, port=port),
                                                   "T_START": str(start), "T_STOP": str(stop)})
                  for i in range(2)]
         ar = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in ranks]
         marks = [[float(m) for m in p.communicate(timeout=120)[0].split()] for p in comps]
+    if not compute:
+        return {"bytes_per_s": ar[0]["bytes"] / (ar[0]["t1"] - ar[0]["t0"])}
     first = max(min(m[0] for m in marks), now) + 0.5  # after the compute processes' start-up
     last = min(m[-1] for m in marks)
     quiet_spans = [(a, b) for a, b in ((first, start), (stop + 0.5, last)) if b > a]  # compute alone: around the traffic
@@ -136,17 +142,20 @@ def main(argv=None) -> int:
         return 0
     table = Table(title="compute taken by a shaped link's all-reduce (2 compute threads on the cores)")
     for col in ("rate", "compute pace alone", "during the all-reduce", "cores taken", "all-reduce's own CPU",
-                "taken / own", "slower of the two / mean (alone → traffic)", "all-reduce payload"):
+                "taken / own", "slower of the two / mean (alone → traffic)", "all-reduce payload",
+                "payload, cores idle", "busy / idle"):
         table.add_column(col, justify="right")
     for rate in args.rates.split(","):
         runs = [once(rate, 29640 + i) for i in range(args.repeats)]
+        idle = statistics.median(once(rate, 29660 + i, compute=False)["bytes_per_s"] for i in range(args.repeats))
         med = {k: statistics.median([r[k] for r in runs if r[k] == r[k]] or [float("nan")]) for k in runs[0]}  # nan: no window
         spread = ", ".join(f"{r['lost_cores']:.2f}" for r in runs)
         table.add_row(rate, f"{med['quiet_per_s']:.1f} passes/s", f"{med['busy_per_s']:.1f} passes/s ({med['busy_per_s'] / med['quiet_per_s']:.2f}×)",
                       f"{med['lost_cores']:.2f} cores ({spread})", f"{med['accounted_cores']:.2f} cores",
                       f"{med['lost_cores'] / med['accounted_cores']:.1f}×" if med["accounted_cores"] > 0 else "—",
                       f"{med['slowest_quiet']:.2f} → {med['slowest_busy']:.2f}",
-                      f"{med['bytes_per_s'] / 1e6:.1f} MB/s a rank")
+                      f"{med['bytes_per_s'] / 1e6:.1f} MB/s a rank", f"{idle / 1e6:.1f} MB/s",
+                      f"{med['bytes_per_s'] / idle:.3f}×")
     con.print(table)
     return 0
 
