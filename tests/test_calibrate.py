@@ -782,3 +782,58 @@ def test_a_full_calibration_reads_the_link_and_rounds_again_at_its_end_and_a_qui
     out = calibrate.calibrate(quick=True, progress=False)
     assert reads == {"link": 1, "rounds": 1} and "later_reading_after_s" not in out["steadiness"]["link"]
     assert not any("read again" in line for line in calibrate.summary_lines(out))
+
+
+def test_two_calibrations_agree_where_their_medians_lie_within_the_larger_stated_spread():
+    a = fake_result("local")
+    b = fake_result("local", payload=119.5e6 * 1.2)  # the link 20% faster: far beyond either run's 0.1% spread
+    b["compute"]["per_thread_flops_per_s"] = calibrate.spread([95.4e9, 96.6e9])  # 0.5% apart, spread 1.3%
+    b["machine"] = {**b["machine"], "when": "2026-01-01 00:10:00"}
+    del b["rounds"]["round_s"]["4"]
+    res = calibrate.compare(a, b)
+    rows = {r["figure"]: r for r in res["rows"]}
+    assert rows["compute.per_thread_flops_per_s"]["agree"] and rows["compute.per_thread_flops_per_s"]["overlap"]
+    assert rows["compute.per_thread_flops_per_s"]["apart"] == pytest.approx(0.5e9 / 95.75e9)
+    pay = rows["link.payload_bytes_per_s"]
+    assert not pay["agree"] and not pay["overlap"] and pay["apart"] == pytest.approx(0.2 / 1.1, rel=1e-3)
+    assert pay["stated_spread"] == pytest.approx(0.001, rel=1e-3)
+    assert rows["synchronized_steps.per_net.resnet_cifar.capacity"]["agree"]  # nested figures are found by their path
+    assert res["only_in_a"] == ["rounds.round_s.4"] and res["only_in_b"] == []
+    assert res["figures"] == len(rows) and res["agree"] == sum(r["agree"] for r in rows.values())
+    assert res["sections"]["link"]["figures"] - res["sections"]["link"]["agree"] == 1  # only the payload
+    assert res["notes"] == []
+    assert any("quick" in n for n in calibrate.compare(a, {**b, "quick": False})["notes"])
+    # a figure measured once has no spread: it agrees only with the same value
+    assert rows["compute.effective_cores"]["agree"] and rows["compute.effective_cores"]["apart"] == 0
+    b["compute"]["effective_cores"] = calibrate.spread([1.91])
+    assert not {r["figure"]: r for r in calibrate.compare(a, b)["rows"]}["compute.effective_cores"]["agree"]
+    assert calibrate.format_figure("link.latency_s", 85e-6) == calibrate.units.format_seconds(85e-6)
+    assert calibrate.format_figure("rounds.round_s.4", 1e-3) == calibrate.units.format_seconds(1e-3)  # by ranks
+    assert calibrate.format_figure("rounds.messages.cpu_s_per_end", 1e-3) == calibrate.units.format_seconds(1e-3)
+    assert calibrate.format_figure("compute.effective_cores", 1.9) == "1.9"
+
+
+def test_calibrate_compare_reads_json_and_validate_folders_and_refuses_the_rest(tmp_path, capsys):
+    a, b = fake_result("local"), fake_result("local", payload=150e6)
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "calibration.json").write_text(json.dumps(b))
+    assert cli.main(["calibrate", "--compare", str(tmp_path / "a.json"), str(tmp_path / "run"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["figures"] > 10 and out["a"].endswith("a.json")
+    assert [r["figure"] for r in out["rows"] if not r["agree"]] == ["link.payload_bytes_per_s"]
+    assert cli.main(["calibrate", "--compare", str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
+    text = capsys.readouterr().out
+    assert f"{out['figures']} of {out['figures']} figures agree within their stated spread" in text
+    calibrate.save(a, tmp_path / "a.yaml")
+    (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
+    for bad in (["--compare", str(tmp_path / "a.yaml"), str(tmp_path / "a.json")],
+                ["--compare", str(tmp_path / "missing.json"), str(tmp_path / "a.json")],
+                ["--compare", str(tmp_path / "other.json"), str(tmp_path / "a.json")],
+                ["--compare", str(tmp_path), str(tmp_path / "a.json")],
+                ["--compare", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "-o", str(tmp_path / "x.yaml")],
+                ["--compare", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--quick"]):
+        assert cli.main(["calibrate", *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "x.yaml").exists()

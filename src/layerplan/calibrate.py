@@ -1555,6 +1555,110 @@ def save(result: dict, path: str | Path, nodes: int | None = None) -> hardware.C
     return spec
 
 
+# ---- two calibrations side by side (``layerplan calibrate --compare A B``) -----------------------
+def load_result(path: str | Path) -> dict:
+    """A calibration result from ``path``: the JSON ``calibrate --json`` prints, or a ``validate
+    --out`` folder (its ``calibration.json``). Anything else: ``ConfigError`` saying what to give."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "calibration.json").is_file():
+            raise ConfigError(f"{p} holds no calibration.json (give `layerplan calibrate --json > FILE`'s output, "
+                              "or a `layerplan validate --out DIR` folder)")
+        p = p / "calibration.json"
+    if not p.is_file():
+        raise ConfigError(f"no such calibration: {p}")
+    if p.suffix.lower() in (".yaml", ".yml"):
+        raise ConfigError(f"{p} is a cluster file, which keeps only the fitted figures: compare the full results "
+                          "(`layerplan calibrate --json > A.json`, or a `validate --out DIR` folder)")
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{p} is not a calibration's JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(doc, dict) or "compute" not in doc or "format" not in doc:
+        raise ConfigError(f"{p} is not a calibration's JSON (no 'format' and 'compute'): give "
+                          "`layerplan calibrate --json > FILE`'s output")
+    return doc
+
+
+def _is_spread(d: Any) -> bool:
+    return isinstance(d, dict) and {"median", "spread", "values"} <= d.keys() and isinstance(d["values"], list)
+
+
+def spread_figures(result: dict) -> dict[str, dict]:
+    """Every figure of ``result`` stated with its spread (``spread``'s {median, spread, values}),
+    by its dotted path (``compute.per_thread_flops_per_s``, ``link.allreduce.2.bus_bytes_per_s``);
+    the bookkeeping sections (``steadiness``, ``durations_s``, ``machine``) are left out."""
+    out: dict[str, dict] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if _is_spread(node):
+            if node["values"] and node["median"]:
+                out[path] = node
+            return
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{path}.{k}" if path else str(k))
+
+    for section, node in result.items():
+        if section not in ("steadiness", "durations_s", "machine"):
+            walk(node, section)
+    return out
+
+
+def compare(a: dict, b: dict) -> dict:
+    """Two calibrations figure by figure. A figure *agrees* when its medians lie apart (|a − b| /
+    their mean) by no more than the larger of the two runs' stated spreads ((max − min) / median of
+    each run's repeats) — what "two runs agree within their stated spread" asks; ``overlap`` says
+    whether the two runs' ranges of repeats meet. Also: per section counts, figures only one run
+    has, and the setup differences (``notes``) that make figures incomparable."""
+    fa, fb = spread_figures(a), spread_figures(b)
+    rows = []
+    for path in [p for p in fa if p in fb]:
+        x, y = fa[path], fb[path]
+        mean = (x["median"] + y["median"]) / 2.0
+        apart = abs(x["median"] - y["median"]) / abs(mean) if mean else 0.0
+        stated = max(x["spread"], y["spread"])
+        rows.append({"figure": path, "section": path.split(".", 1)[0], "a": x["median"], "b": y["median"],
+                     "apart": apart, "a_spread": x["spread"], "b_spread": y["spread"], "stated_spread": stated,
+                     "agree": apart <= stated + 1e-12,
+                     "overlap": min(max(x["values"]), max(y["values"])) >= max(min(x["values"]), min(y["values"]))})
+    sections: dict[str, dict] = {}
+    for r in rows:
+        s = sections.setdefault(r["section"], {"figures": 0, "agree": 0, "overlap": 0})
+        s["figures"] += 1
+        s["agree"] += r["agree"]
+        s["overlap"] += r["overlap"]
+    notes = []
+    for key, what in (("on", "measured on"), ("quick", "quick"), ("repeats", "repeats")):
+        if a.get(key) != b.get(key):
+            notes.append(f"{what}: {a.get(key)!r} against {b.get(key)!r}")
+    ma, mb = a.get("machine") or {}, b.get("machine") or {}
+    for key in ("cpu", "cores"):
+        if ma.get(key) != mb.get(key):
+            notes.append(f"machine {key}: {ma.get(key)!r} against {mb.get(key)!r}")
+    for name, doc in (("A", a), ("B", b)):
+        kept = [s for s, rec in (doc.get("steadiness") or {}).items() if rec.get("kept_disturbed")]
+        if kept:
+            notes.append(f"{name} kept disturbed readings of {', '.join(kept)} (its spread there may be wide)")
+    return {"a_when": ma.get("when"), "b_when": mb.get("when"), "notes": notes,
+            "figures": len(rows), "agree": sum(r["agree"] for r in rows), "overlap": sum(r["overlap"] for r in rows),
+            "sections": sections, "rows": rows,
+            "only_in_a": [p for p in fa if p not in fb], "only_in_b": [p for p in fb if p not in fa]}
+
+
+def format_figure(path: str, value: float) -> str:
+    """``value`` in the unit its name says (…_flops_per_s, …_bytes_per_s, …_s, …_s_per_…; the last
+    part of ``path`` that is not a count of ranks), else 4 digits."""
+    name = next((part for part in reversed(path.split(".")) if not part.isdigit()), "")
+    if name.endswith("flops_per_s"):
+        return units.format_flops_rate(value)
+    if name.endswith("bytes_per_s"):
+        return units.format_bandwidth(value)
+    if name.endswith("_s") or "_s_per_" in name:
+        return units.format_seconds(value)
+    return f"{value:.4g}"
+
+
 # ---- worker processes (python -m layerplan.calibrate compute|link --config JSON) ----------------
 def _emit(**msg) -> None:
     sys.stdout.write(json.dumps(msg) + "\n")

@@ -369,11 +369,51 @@ def _batches(text: str) -> tuple[int, ...]:
     return out
 
 
+def _compare_calibrations(args: argparse.Namespace) -> int:
+    """``calibrate --compare A B``: two calibrations' figures side by side; measures nothing."""
+    from rich.table import Table
+
+    from layerplan import calibrate, report
+
+    given = [flag for flag, on in (("-o", args.output), ("--quick", args.quick), ("--profile", args.profile),
+                                   ("--on", args.on != "local")) if on]
+    if given:
+        raise ConfigError(f"--compare measures nothing: drop {', '.join(given)}")
+    a_path, b_path = args.compare
+    res = calibrate.compare(calibrate.load_result(a_path), calibrate.load_result(b_path))
+    if args.json:
+        emit_json({"a": a_path, "b": b_path, **res})
+        return 0
+    con = report.console()
+    t = Table(title=f"calibrations compared: A = {a_path} ({res['a_when']}), B = {b_path} ({res['b_when']})")
+    for col in ("figure", "A", "B", "apart", "stated spread (A / B)", "agree", "ranges meet"):
+        t.add_column(col, justify="left" if col == "figure" else "right")
+    for r in res["rows"]:
+        t.add_row(r["figure"], calibrate.format_figure(r["figure"], r["a"]), calibrate.format_figure(r["figure"], r["b"]),
+                  f"{r['apart']:.1%}", f"{r['a_spread']:.1%} / {r['b_spread']:.1%}",
+                  "[green]yes[/]" if r["agree"] else "[red]no[/]", "yes" if r["overlap"] else "no")
+    con.print(t)
+    for sec, s in res["sections"].items():
+        con.print(f"{sec}: {s['agree']} of {s['figures']} figures agree within the stated spread, "
+                  f"{s['overlap']} of {s['figures']} ranges meet")
+    con.print(f"[bold]{res['agree']} of {res['figures']} figures agree within their stated spread[/] "
+              f"(medians apart by no more than the larger of the two runs' (max − min) / median); "
+              f"{res['overlap']} of {res['figures']} ranges meet")
+    for side, only in (("A", res["only_in_a"]), ("B", res["only_in_b"])):
+        if only:
+            con.print(f"only in {side} ({len(only)}): {', '.join(only)}")
+    for note in res["notes"]:
+        con.print(f"[yellow]note:[/] {note}")
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from layerplan import calibrate, report
 
+    if args.compare:
+        return _compare_calibrations(args)
     res = calibrate.calibrate(on=args.on.partition(":")[0], name=args.on.partition(":")[2] or "default",
-                              repeats=args.repeats, quick=args.quick, progress=not args.json,
+                              repeats=args.repeats, quick=args.quick, progress=not args.json or sys.stderr.isatty(),
                               profile=_names(args.profile), profile_batches=_batches(args.profile_batches))
     if args.output:
         calibrate.save(res, args.output)
@@ -594,7 +634,11 @@ def _register_closed_loop(sub) -> None:
                         "measured layer times (e.g. alexnet_cifar,vgg16_cifar,resnet_cifar: about a minute each)")
     p.add_argument("--profile-batches", metavar="B1,B2", default="16,64",
                    help="batch sizes the layers are timed at; other batches are interpolated (default 16,64)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                   help="measure nothing: set two calibrations side by side, figure by figure, and say which agree "
+                        "within their stated spread (A, B: `layerplan calibrate --json > A.json`'s output, or a "
+                        "`layerplan validate --out DIR` folder)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (the progress bar stays on a terminal's stderr)")
     COMMANDS["calibrate"] = cmd_calibrate
 
     p = sub.add_parser("validate", help="run strategies on the emulated cluster and compare measured with predicted",
