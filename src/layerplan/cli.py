@@ -387,7 +387,8 @@ def _compare_calibrations(args: argparse.Namespace) -> int:
     con = report.console()
     t = Table(title=f"calibrations compared: A = {a_path} ({res['a_when']}), B = {b_path} ({res['b_when']})")
     for col in ("figure", "A", "B", "apart", "stated spread (A / B)", "agree", "ranges meet"):
-        t.add_column(col, justify="left" if col == "figure" else "right")
+        t.add_column(col, justify="left" if col == "figure" else "right",
+                     overflow="fold" if col == "figure" else "ellipsis")  # a figure's path whole, folded
     for r in res["rows"]:
         t.add_row(r["figure"], calibrate.format_figure(r["figure"], r["a"]), calibrate.format_figure(r["figure"], r["b"]),
                   f"{r['apart']:.1%}", f"{r['a_spread']:.1%} / {r['b_spread']:.1%}",
