@@ -832,7 +832,8 @@ def test_calibrate_compare_reads_json_and_validate_folders_and_refuses_the_rest(
                 ["--compare", str(tmp_path / "other.json"), str(tmp_path / "a.json")],
                 ["--compare", str(tmp_path), str(tmp_path / "a.json")],
                 ["--compare", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "-o", str(tmp_path / "x.yaml")],
-                ["--compare", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--quick"]):
+                ["--compare", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--quick"],
+                ["--compare", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--repeats", "5"]):
         assert cli.main(["calibrate", *bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err

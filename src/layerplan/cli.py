@@ -376,7 +376,8 @@ def _compare_calibrations(args: argparse.Namespace) -> int:
     from layerplan import calibrate, report
 
     given = [flag for flag, on in (("-o", args.output), ("--quick", args.quick), ("--profile", args.profile),
-                                   ("--on", args.on != "local")) if on]
+                                   ("--profile-batches", args.profile_batches != "16,64"),
+                                   ("--repeats", args.repeats != 3), ("--on", args.on != "local")) if on]
     if given:
         raise ConfigError(f"--compare measures nothing: drop {', '.join(given)}")
     a_path, b_path = args.compare
