@@ -656,6 +656,52 @@ def test_mean_field_work_done_for_a_group_never_meets_its_compute():
     assert d_all > d_s
 
 
+def closed_loop(n: int, work_s: float, serve_s: float, spread: float = 0.0) -> StepGraph:
+    """n groups of one node, each working on its own, then served by one server in arrival order."""
+    def build(i):
+        out = []
+        for g in range(n):
+            prev = (iteration_name(i - 1, f"serve{g}"),) if i else ()
+            out += [Compute(name=iteration_name(i, f"work{g}"), group=f"g{g}", seconds=work_s, deps=prev),
+                    Compute(name=iteration_name(i, f"serve{g}"), group="s", seconds=serve_s, queue="s",
+                            deps=(iteration_name(i, f"work{g}"),))]
+        return out
+    return StepGraph(groups={**{f"g{g}": 1 for g in range(n)}, "s": 1}, samples_per_step=n, build=build,
+                     iterations=8, spread=spread, spread_iterations=64 if spread else 0)
+
+
+def test_a_spread_costs_a_closed_loop_near_balance_time():
+    """StepGraph.spread: four groups whose cycle (3 s of their own, 1 s at the server) is four of the
+    server's batches: every iteration alike, nothing waits (a step of 4 s). Drawn with a spread, a
+    late group leaves the server idle and an early one waits: the step is longer. Where one station
+    is busy all the time (the server, or each group's own work), the draws' mean of exactly 1 in
+    the measured window leaves the step as it was."""
+    c = cluster()
+    assert simulate(closed_loop(4, 3.0, 1.0), c).step_time_s == pytest.approx(4.0)
+    spread = simulate(closed_loop(4, 3.0, 1.0, spread=0.25), c)
+    assert spread.step_time_s > 4.0 * 1.03
+    assert spread.iterations == 64
+    assert simulate(closed_loop(4, 3.0, 1.0, spread=0.25), c).step_time_s == spread.step_time_s  # the same draws
+    # far from balance: the server is the bottleneck, or never one
+    assert simulate(closed_loop(4, 1.0, 1.0, spread=0.25), c).step_time_s == pytest.approx(4.0, rel=0.01)
+    assert simulate(closed_loop(4, 20.0, 1.0, spread=0.25), c).step_time_s == pytest.approx(21.0, rel=0.03)
+    # each task's times over the measured iterations (the second half): mean as given, spread as asked
+    served = [e.end_s - e.start_s for e in spread.timeline
+              if e.name.endswith("/serve0") and 32 <= int(e.name[2:e.name.index("/")]) < 64]
+    assert len(served) == 32
+    assert sum(served) / len(served) == pytest.approx(1.0, rel=1e-9)
+    cv = math.sqrt(sum((x - 1.0) ** 2 for x in served) / len(served))
+    assert 0.2 < cv < 0.3
+
+
+def test_a_spread_must_be_a_coefficient_of_variation():
+    for bad in (-0.1, 1.5, math.nan, True, "0.2"):
+        with pytest.raises(ConfigError, match="spread"):
+            closed_loop(2, 1.0, 1.0, spread=bad)
+    with pytest.raises(ConfigError, match="spread_iterations"):
+        replace(closed_loop(2, 1.0, 1.0), spread_iterations=-1)
+
+
 def test_async_unrolling_static_form():
     # an asynchronous PS worker: next compute waits only for its own previous pull
     g = StepGraph(groups={"worker": 2, "server": 1}, samples_per_step=2, tasks=(

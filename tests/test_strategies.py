@@ -11,6 +11,7 @@ from layerplan import hardware, strategies
 from layerplan.cost.collectives import recursive_doubling_rounds
 from layerplan.errors import ConfigError
 from layerplan.plan import assign, omnivore, planner
+from layerplan.strategies import groups
 from layerplan.strategies.base import bwd_s, fwd_s, param_bytes
 
 BW = 10e9 / 8
@@ -315,7 +316,11 @@ def test_groups_out_of_phase_compute_meets_the_mean_load():
     s = strategies.get("groups")
     c = ideal(6, shared_cores=2)
     for g, expected in ((1, False), (2, False), (4, True)):
-        assert s.schedule(net, c, s.Config(machines=4, groups=g), 8).mean_field_cores is expected
+        graph = s.schedule(net, c, s.Config(machines=4, groups=g), 8)
+        assert graph.mean_field_cores is expected
+        # and their stages' spread is drawn (StepGraph.spread), over enough rounds to average it out
+        assert graph.spread == (groups.SPREAD if expected else 0.0)
+        assert graph.spread_iterations == (max(groups.ROUNDS, groups.SPREAD_BATCHES // g) if expected else 0)
 
 
 def test_hybrid_partition_vs_replicate_output_layer():

@@ -149,6 +149,8 @@ PATTERNS = ("all_to_all", "spread", "broadcast", "within")
 PREV = "prev/"
 TAIL_ITERATIONS = 2
 """Iterations simulated after the k of a multi-iteration graph, neither measured nor in the timeline."""
+MAX_SPREAD = 1.0
+"""The largest ``StepGraph.spread`` (a coefficient of variation) a graph may ask for."""
 
 
 # ---- tasks ---------------------------------------------------------------------------------------
@@ -305,6 +307,11 @@ class StepGraph:
     """The groups run out of phase, on no common clock (Omnivore's asynchronous compute groups): on
     shared cores each compute task runs at the speed the others' average load leaves it, not at its
     share of the simulated instant (``simulate``)."""
+    spread: float = 0.0
+    """Coefficient of variation of each compute task's time from one iteration to the next, as a
+    run's stages vary (0: every iteration alike). Drawn in a last pass (``simulate``)."""
+    spread_iterations: int = 0
+    """Iterations of that last pass (0: ``iterations``): enough that the draws average out."""
     report_as: Mapping[str, str] = field(default_factory=dict)
     """Group → the role its figures are reported under (groups absent report as themselves). For
     nodes of one role that run out of phase, e.g. RALP's workers, which the PS worker serves one
@@ -331,6 +338,10 @@ class StepGraph:
             raise ConfigError(f"step graph: samples_per_step must be a non-negative number, got {self.samples_per_step!r}")
         if not isinstance(self.iterations, int) or self.iterations < 1:
             raise ConfigError(f"step graph: iterations must be a positive integer, got {self.iterations!r}")
+        if not isinstance(self.spread, (int, float)) or isinstance(self.spread, bool) or not 0 <= self.spread <= MAX_SPREAD:
+            raise ConfigError(f"step graph: spread must be a number in [0, {MAX_SPREAD:g}], got {self.spread!r}")
+        if not isinstance(self.spread_iterations, int) or isinstance(self.spread_iterations, bool) or self.spread_iterations < 0:
+            raise ConfigError(f"step graph: spread_iterations must be a non-negative integer, got {self.spread_iterations!r}")
         if self.build is not None:
             if self.tasks:
                 raise ConfigError("step graph: give either tasks or build, not both")
@@ -624,7 +635,8 @@ def _in_step(t: Collective, tasks: Sequence[Task], index: Mapping[str, int]) -> 
 
 
 def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int], cluster: ClusterSpec,
-             res: _Resources, speeds: "_MeanField | None" = None) -> list[_Act]:
+             res: _Resources, speeds: "_MeanField | None" = None,
+             spread: Mapping[int, float] | None = None) -> list[_Act]:
     lat_s = cluster.nic.latency_s
     message_cpu_s = 0.0  # CPU per message end (ClusterSpec.oversubscribed_message_cpu_s)
     if cluster.shared_cores is not None and sum(groups.values()) > cluster.shared_cores:
@@ -652,6 +664,8 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                 speed = 1.0 if speeds is None else speeds.groups[t.group]
                 amount = work / speed
                 coefs.append((res.cores, cpu_threads * speed))
+            if spread:  # this iteration's draw of the task's time (``_spread_factors``)
+                amount *= spread.get(i, 1.0)
         elif isinstance(t, Transfer):
             out_f, in_f, total_f = _flows(t, groups)
             if total_f > 0:
@@ -851,14 +865,66 @@ def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = No
     thread at a fixed speed, its mean over how many others run (``_mean_field``), until the step
     moves less than ``MEAN_FIELD_TOL`` (at most ``MEAN_FIELD_PASSES`` passes, each pass's speeds
     halfway from the last's to what the last pass's schedule gives: undamped, the speeds and the
-    overlaps they make chase each other)."""
+    overlaps they make chase each other).
+
+    With ``graph.spread`` (and k ≥ 2): one last pass over ``graph.spread_iterations`` iterations
+    (at least k) with each compute task's time drawn (``_spread_factors``) and the threads at the
+    speeds the passes before settled on. A closed loop near balance — stations that each group
+    passes in turn, none of them busy all the time — loses time to the spread that no mean time
+    shows: a late group leaves the next station idle, an early one waits, and neither gives the
+    time back. The speeds are not settled again on the drawn schedule: there the spread thins the
+    groups' overlaps and the mean field gives most of the loss back, where the runs' stages took no
+    less time than without the spread (Omnivore's groups: ``strategies/groups.py``)."""
     k = graph.iterations if iterations is None else iterations
     if not isinstance(k, int) or k < 1:
         raise ConfigError(f"iterations must be a positive integer, got {k!r}")
     tasks, its = _unroll(graph, k + TAIL_ITERATIONS if k >= 2 else k)
     pred, acts, res = _simulate_once(graph, cluster, k, tasks, its, None)
-    if not graph.mean_field_cores or cluster.shared_cores is None:
-        return pred
+    field_now: _MeanField | None = None
+    if graph.mean_field_cores and cluster.shared_cores is not None:
+        pred, field_now = _settle_mean_field(graph, cluster, k, tasks, its, pred, acts, res)
+    if graph.spread > 0 and k >= 2:
+        k = max(k, graph.spread_iterations)
+        tasks, its = _unroll(graph, k + TAIL_ITERATIONS)
+        pred, _, _ = _simulate_once(graph, cluster, k, tasks, its, field_now,
+                                    _spread_factors(tasks, its, graph.spread, k))
+    return pred
+
+
+def _spread_factors(tasks: Sequence[Task], its: Sequence[int], cv: float, k: int) -> dict[int, float]:
+    """Task index → the factor its compute time is drawn with (``StepGraph.spread``): lognormal, mean
+    1 and coefficient of variation ``cv``. Each compute task of the iteration (its name less the
+    ``it{i}/`` prefix) takes, over the iterations of each part of the run — before the measured
+    window, the window (``_window``), the tail —, the quantiles (r + ½)/n of that distribution,
+    scaled to a mean of exactly 1, in an order shuffled by its name and part: the same draws every
+    call and in every process, and no part's mean time moved by the luck of its draws."""
+    import random
+    import re
+    import statistics
+    import zlib
+
+    sigma = math.sqrt(math.log1p(cv * cv))
+    unit = statistics.NormalDist(-sigma * sigma / 2.0, sigma)  # log of a lognormal with mean 1
+    parts = ((0, k // 2), (k // 2, k), (k, math.inf))
+    by_name: dict[tuple[str, int], list[int]] = {}
+    for i, t in enumerate(tasks):
+        if isinstance(t, Compute):
+            part = next(j for j, (lo, hi) in enumerate(parts) if lo <= its[i] < hi)
+            by_name.setdefault((re.sub(r"^it\d+/", "", t.name), part), []).append(i)
+    out: dict[int, float] = {}
+    for (name, part), indices in by_name.items():
+        n = len(indices)
+        draws = [math.exp(unit.inv_cdf((r + 0.5) / n)) for r in range(n)]
+        mean = math.fsum(draws) / n
+        random.Random(zlib.crc32(f"{name}/{part}".encode())).shuffle(draws)
+        for i, x in zip(sorted(indices, key=lambda i: its[i]), draws):
+            out[i] = x / mean
+    return out
+
+
+def _settle_mean_field(graph: StepGraph, cluster: ClusterSpec, k: int, tasks: list[Task], its: list[int],
+                       pred: "Prediction", acts: list["_Act"], res: "_Resources") -> tuple["Prediction", "_MeanField"]:
+    """The mean field's passes (``simulate``): the prediction they settle on and its speeds."""
     field_now: _MeanField | None = None
     for _ in range(MEAN_FIELD_PASSES):
         new = _mean_field(graph, cluster, acts, res, k)
@@ -869,7 +935,8 @@ def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = No
         pred, acts, res = _simulate_once(graph, cluster, k, tasks, its, field_now)
         if abs(pred.step_time_s - last) <= MEAN_FIELD_TOL * last:
             break
-    return pred
+    assert field_now is not None
+    return pred, field_now
 
 
 MEAN_FIELD_PASSES = 8
@@ -992,11 +1059,13 @@ def _window(acts: list[_Act], k: int) -> tuple[float, float]:
 
 
 def _simulate_once(graph: StepGraph, cluster: ClusterSpec, k: int, tasks: list[Task], its: list[int],
-                   speeds: "_MeanField | None") -> tuple[Prediction, list[_Act], _Resources]:
-    """One event-driven run of the unrolled tasks (with ``speeds``: the mean field's, ``simulate``)."""
+                   speeds: "_MeanField | None", spread: Mapping[int, float] | None = None,
+                   ) -> tuple[Prediction, list[_Act], _Resources]:
+    """One event-driven run of the unrolled tasks (with ``speeds``: the mean field's; ``spread``: the
+    compute times' draws; ``simulate``)."""
     groups = graph.groups
     res = _Resources(groups, cluster)
-    acts = _compile(tasks, its, groups, cluster, res, speeds)
+    acts = _compile(tasks, its, groups, cluster, res, speeds, spread)
     full = [c * (1 - 1e-9) for c in res.caps]
     nic_of = res.nic_of
     # One record per stretch of constant rates: (t0, t1, load per resource, saturated resources,

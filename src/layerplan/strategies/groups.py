@@ -56,6 +56,28 @@ event-driven lineup -1.6 to +5.2% (+5.0 and +3.9 there); resnet_cifar's 4 groups
 went -4.7 → -12.5% without it. p90 |error| 7.0/9.2/10.1/8.0% → 6.0/8.9/10.1/7.8%."""
 
 
+SPREAD = 0.23
+"""Coefficient of variation drawn into each compute task's time for MEAN_FIELD_GROUPS groups or
+more (``StepGraph.spread``): the runs' own. A traced run of alexnet_cifar, 4 groups of one machine
+at 1 Gbit/s: a conv machine's forward pass varied with a coefficient of variation of 0.23, its
+backward 0.26, the FC server's group batch 0.19. There the groups' cycle (pull, forward, the FC
+server, backward, push) was close to four FC batches: the FC server waited for activations 72 ms a
+round, where the schedule without the spread has it wait 46 ms. The spread drawn, the step goes from
+480 to 504-513 ms (the run beside it: 531 ms, as calibrated 474 → 504 predicted); with the mean
+field settled again on the drawn schedule only to 490, while the conv machines' passes took 237 ms
+a round in the run, 228 in the schedule without the spread and 208 in that one. Three full runs
+repredicted (vf130, vf131 and a run of that scenario alone), the 14 rows of four groups: alexnet_cifar at 1 Gbit/s
+−5.4 / −9.5 / −11.4% → −2.1 / −2.9 / −5.0%, vgg16_cifar at 10 Gbit/s −2.0 / −9.2% → +2.7 / −4.9%,
+resnet_cifar at 1 Gbit/s −9.9 / −7.9% → −8.1 / −6.5%, the 10 Gbit/s rows where the FC server is
+always busy −2.1..+4.5% → +0.2..+6.1%, at 100 Mbit/s (the conv model server's link always busy)
+unmoved; the predicted best became the measured best in alexnet_cifar's 4 workers at 1 Gbit/s in
+all three. Two groups keep every iteration alike: drawn, their rows at 1 Gbit/s moved 5-11 points
+further off (four full runs repredicted)."""
+
+SPREAD_BATCHES = 192
+"""Group batches the spread's last pass simulates (at least ROUNDS rounds): enough that the draws
+average out (48 rounds of four groups: alexnet_cifar at 1 Gbit/s read 505-514 ms over six orders of the draws, 506-518 with twice the rounds)."""
+
 FULLY_ASYNC_MAX_GROUPS = 64
 """space(): g = n is a candidate only up to this many groups (each group is simulated)."""
 
@@ -239,5 +261,8 @@ class Groups(Strategy):
 
         split = len(parts) > 1
         roles = self.roles(config) | ({f"group0{p}": c for (p, _), c in zip(parts, counts)} if split else {})
+        out_of_phase = g >= MEAN_FIELD_GROUPS
         return StepGraph(groups=roles, build=build, iterations=ROUNDS, samples_per_step=g * k * batch,
-                         report_as={f"group0{p}": "group0" for p, _ in parts[1:]}, mean_field_cores=g >= MEAN_FIELD_GROUPS)
+                         report_as={f"group0{p}": "group0" for p, _ in parts[1:]}, mean_field_cores=out_of_phase,
+                         spread=SPREAD if out_of_phase else 0.0,
+                         spread_iterations=max(ROUNDS, -(-SPREAD_BATCHES // g)) if out_of_phase else 0)
