@@ -60,23 +60,24 @@ SPREAD = 0.23
 """Coefficient of variation drawn into each compute task's time for MEAN_FIELD_GROUPS groups or
 more (``StepGraph.spread``): the runs' own. A traced run of alexnet_cifar, 4 groups of one machine
 at 1 Gbit/s: a conv machine's forward pass varied with a coefficient of variation of 0.23, its
-backward 0.26, the FC server's group batch 0.19. There the groups' cycle (pull, forward, the FC
-server, backward, push) was close to four FC batches: the FC server waited for activations 72 ms a
-round, where the schedule without the spread has it wait 46 ms. The spread drawn, the step goes from
-480 to 504-513 ms (the run beside it: 531 ms, as calibrated 474 → 504 predicted); with the mean
-field settled again on the drawn schedule only to 490, while the conv machines' passes took 237 ms
-a round in the run, 228 in the schedule without the spread and 208 in that one. Three full runs
-repredicted (vf130, vf131 and a run of that scenario alone), the 14 rows of four groups: alexnet_cifar at 1 Gbit/s
-−5.4 / −9.5 / −11.4% → −2.1 / −2.9 / −5.0%, vgg16_cifar at 10 Gbit/s −2.0 / −9.2% → +2.7 / −4.9%,
-resnet_cifar at 1 Gbit/s −9.9 / −7.9% → −8.1 / −6.5%, the 10 Gbit/s rows where the FC server is
-always busy −2.1..+4.5% → +0.2..+6.1%, at 100 Mbit/s (the conv model server's link always busy)
-unmoved; the predicted best became the measured best in alexnet_cifar's 4 workers at 1 Gbit/s in
-all three. Two groups keep every iteration alike: drawn, their rows at 1 Gbit/s moved 5-11 points
-further off (four full runs repredicted)."""
+backward 0.26, the FC server's group batch 0.19 (0.23 weighted by their times). There the groups'
+cycle (pull, forward, the FC server, backward, push) was close to four FC batches, and the FC server
+waited for activations 72 ms a round, where the schedule without the spread has it wait 46 ms.
+
+With a calibration of this session's host, that configuration: 480 ms without the spread, 516 with
+it (505-516 over seven orders of the draws), 531 measured in the run beside the calibration. With
+the mean field settled again on the drawn schedule (a spread of 0.2) it went only to 490, the conv
+machines' passes down from 228 to 208 ms a round — the run's took 237. Three validate runs
+repredicted (vf130, vf131 and one of that scenario alone), the rows of four groups: alexnet_cifar
+4w at 1 Gbit/s −5.4 / −9.5 / −11.4% → +1.0 / −3.9 / −4.8%; vgg16_cifar 4w at 10 Gbit/s −2.0 / −9.2%
+→ +0.7 / −3.8%; alexnet_cifar 4w at 10 Gbit/s, where the FC server is busy all the time, +4.5 / +0.1%
+→ +8.0 / +0.1%; resnet_cifar's and every 100 Mbit/s row (the conv model server's link busy all the
+time) within 0.6 points. Two groups keep every iteration alike: drawn, their rows at 1 Gbit/s moved
+5-11 points further off (four full runs repredicted)."""
 
 SPREAD_BATCHES = 192
 """Group batches the spread's last pass simulates (at least ROUNDS rounds): enough that the draws
-average out (48 rounds of four groups: alexnet_cifar at 1 Gbit/s read 505-514 ms over six orders of the draws, 506-518 with twice the rounds)."""
+average out (48 rounds of four groups; with twice as many, six orders of the draws spread as widely)."""
 
 FULLY_ASYNC_MAX_GROUPS = 64
 """space(): g = n is a candidate only up to this many groups (each group is simulated)."""
