@@ -694,6 +694,19 @@ def test_a_spread_costs_a_closed_loop_near_balance_time():
     assert 0.2 < cv < 0.3
 
 
+def test_the_timeline_plot_draws_the_last_steps_of_a_long_unroll(tmp_path):
+    from layerplan import plots
+
+    pred = simulate(closed_loop(4, 3.0, 1.0, spread=0.25), cluster())
+    drawn = plots.timeline_entries(pred)
+    assert 0 < len(drawn) < len(pred.timeline)
+    assert min(e.end_s for e in drawn) > pred.window_s[1] - (plots.TIMELINE_STEPS + 1) * pred.step_time_s
+    short = simulate(closed_loop(4, 3.0, 1.0), cluster())
+    assert plots.timeline_entries(short) == list(short.timeline)
+    plots.timeline_plot(pred, tmp_path / "t.png", "a closed loop")
+    assert (tmp_path / "t.png").stat().st_size > 0
+
+
 def test_a_spread_must_be_a_coefficient_of_variation():
     for bad in (-0.1, 1.5, math.nan, True, "0.2"):
         with pytest.raises(ConfigError, match="spread"):

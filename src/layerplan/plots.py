@@ -54,15 +54,31 @@ def profile_plot(net: NetSpec, path: str | Path) -> None:
     plt.close(fig)
 
 
+TIMELINE_STEPS = 8
+"""The timeline draws at most this many of the last steps the engine measured (a schedule drawn
+with a run's spread, ``StepGraph.spread``, unrolls dozens)."""
+
+
+def timeline_entries(pred) -> list:
+    """The timeline's entries ``timeline_plot`` draws: all, or where the engine unrolled more than
+    TIMELINE_STEPS iterations, those within the last TIMELINE_STEPS steps of its measured window."""
+    if pred.iterations <= TIMELINE_STEPS:
+        return list(pred.timeline)
+    hi = pred.window_s[1]
+    lo = hi - TIMELINE_STEPS * pred.step_time_s
+    return [e for e in pred.timeline if e.end_s > lo and e.start_s < hi]
+
+
 def timeline_plot(pred, path: str | Path, title: str) -> None:
-    """One row per role: its compute and communication tasks over one predicted step."""
+    """One row per role: its compute and communication tasks over the predicted steps (at most the
+    last TIMELINE_STEPS the engine measured)."""
     plt = _pyplot()
     roles = list(pred.groups)
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.9 * len(roles)))
     colors = {"compute": "tab:blue", "comm": "tab:orange"}
     seen = set()
     texts: dict[tuple[int, float], list[tuple[float, float]]] = {}  # row → labelled spans (merged groups overlap)
-    for e in pred.timeline:
+    for e in timeline_entries(pred):
         y = roles.index(e.group)
         kind = e.tag if e.tag in colors else "comm"
         label = None if kind in seen else ("compute" if kind == "compute" else "communication")

@@ -103,6 +103,11 @@ Such a graph is simulated again with every thread at a fixed speed, its mean ove
 are busy, each other group busy independently for its share of the last pass's step
 (``_mean_field``), until the step settles.
 
+**A run's spread** (``StepGraph.spread``): a run's stages do not take the same time every
+iteration. Where groups pass stations in turn in a closed loop near balance, that costs time no
+mean shows (a late group leaves the next station idle; an early one waits). Such a graph is
+simulated once more, over ``spread_iterations``, each compute task's time drawn (``simulate``).
+
 **Iterations and steady state.** ``simulate(graph, cluster, iterations=k)`` unrolls k iterations:
 
 - static form: ``graph.tasks`` is one iteration; task ``x`` of iteration i becomes ``it{i}/x``, a

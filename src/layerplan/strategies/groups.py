@@ -19,6 +19,10 @@ event-driven schedule settles into, in which they overlapped a third less than i
 (alexnet_cifar, 4 groups at 1 Gbit/s: 337 ms a round predicted, 408-420 measured; with the mean
 field 382). Two groups keep the event-driven lineup: the conv model server's and the merged FC
 server's queues hold them in turn, one computing while the other is served, as the schedule has it.
+On shared cores three or more also draw a run's spread into their stages' times (``SPREAD``,
+measured there, where the threads' contention varies from one pass to the next): their cycle through
+the conv model server, the FC server and their own passes is a closed loop that, near balance,
+loses time to it.
 
 FC side: with **merged FC** (the default, Omnivore §V-A) one machine holds the FC model and does the
 FC compute, one group batch at a time in arrival order (FC staleness 0), and sends a batch's
@@ -64,7 +68,7 @@ backward 0.26, the FC server's group batch 0.19 (0.23 weighted by their times). 
 cycle (pull, forward, the FC server, backward, push) was close to four FC batches, and the FC server
 waited for activations 72 ms a round, where the schedule without the spread has it wait 46 ms.
 
-With a calibration of this session's host, that configuration: 480 ms without the spread, 516 with
+With the calibration made beside a run of it (a 2-core Xeon VM): 480 ms without the spread, 516 with
 it (505-516 over seven orders of the draws), 531 measured in the run beside the calibration. With
 the mean field settled again on the drawn schedule (a spread of 0.2) it went only to 490, the conv
 machines' passes down from 228 to 208 ms a round — the run's took 237. Three validate runs
@@ -263,7 +267,8 @@ class Groups(Strategy):
         split = len(parts) > 1
         roles = self.roles(config) | ({f"group0{p}": c for (p, _), c in zip(parts, counts)} if split else {})
         out_of_phase = g >= MEAN_FIELD_GROUPS
+        spread = out_of_phase and cluster.shared_cores is not None  # the spread SPREAD measured: shared cores'
         return StepGraph(groups=roles, build=build, iterations=ROUNDS, samples_per_step=g * k * batch,
                          report_as={f"group0{p}": "group0" for p, _ in parts[1:]}, mean_field_cores=out_of_phase,
-                         spread=SPREAD if out_of_phase else 0.0,
-                         spread_iterations=max(ROUNDS, -(-SPREAD_BATCHES // g)) if out_of_phase else 0)
+                         spread=SPREAD if spread else 0.0,
+                         spread_iterations=max(ROUNDS, -(-SPREAD_BATCHES // g)) if spread else 0)
