@@ -78,21 +78,26 @@ def timeline_plot(pred, path: str | Path, title: str) -> None:
     colors = {"compute": "tab:blue", "comm": "tab:orange"}
     seen = set()
     texts: dict[tuple[int, float], list[tuple[float, float]]] = {}  # row → labelled spans (merged groups overlap)
-    for e in timeline_entries(pred):
+    entries = timeline_entries(pred)
+    clipped = len(entries) < len(pred.timeline)
+    t0 = min((e.start_s for e in entries), default=0.0) if clipped else 0.0  # the drawn steps from 0
+    labelled = 0.06 * (max((e.end_s for e in entries), default=t0) - t0 if clipped else pred.step_time_s)
+    for e in entries:
         y = roles.index(e.group)
         kind = e.tag if e.tag in colors else "comm"
         label = None if kind in seen else ("compute" if kind == "compute" else "communication")
         seen.add(kind)
         off = 0.2 if kind == "comm" else -0.2
-        ax.barh(y + off, (e.end_s - e.start_s) * 1e3, left=e.start_s * 1e3, height=0.35, color=colors[kind],
+        ax.barh(y + off, (e.end_s - e.start_s) * 1e3, left=(e.start_s - t0) * 1e3, height=0.35, color=colors[kind],
                 edgecolor="black", linewidth=0.4, label=label)
         spans = texts.setdefault((y, off), [])
-        if (e.end_s - e.start_s) > 0.06 * max(pred.step_time_s, 1e-12) and not any(
+        if (e.end_s - e.start_s) > max(labelled, 1e-12) and not any(
                 a < e.end_s and e.start_s < b for a, b in spans):
             spans.append((e.start_s, e.end_s))
-            ax.text((e.start_s + e.end_s) / 2 * 1e3, y + off, e.name.split("@")[0], ha="center", va="center", fontsize=7)
+            ax.text((e.start_s + e.end_s) / 2 * 1e3 - t0 * 1e3, y + off, e.name.split("@")[0], ha="center",
+                    va="center", fontsize=7)
     ax.set_yticks(range(len(roles)), [f"{r} (×{pred.groups[r]})" for r in roles])
-    ax.set_xlabel("time within the step (ms)")
+    ax.set_xlabel(f"time over the last {TIMELINE_STEPS} predicted steps (ms)" if clipped else "time within the step (ms)")
     ax.set_title(title, fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
