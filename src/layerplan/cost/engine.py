@@ -904,7 +904,6 @@ def _spread_factors(tasks: Sequence[Task], its: Sequence[int], cv: float, k: int
     scaled to a mean of exactly 1, in an order shuffled by its name and part: the same draws every
     call and in every process, and no part's mean time moved by the luck of its draws."""
     import random
-    import re
     import statistics
     import zlib
 
@@ -915,7 +914,9 @@ def _spread_factors(tasks: Sequence[Task], its: Sequence[int], cv: float, k: int
     for i, t in enumerate(tasks):
         if isinstance(t, Compute):
             part = next(j for j, (lo, hi) in enumerate(parts) if lo <= its[i] < hi)
-            by_name.setdefault((re.sub(r"^it\d+/", "", t.name), part), []).append(i)
+            prefix = iteration_name(its[i], "")
+            name = t.name[len(prefix):] if t.name.startswith(prefix) else t.name
+            by_name.setdefault((name, part), []).append(i)
     out: dict[int, float] = {}
     for (name, part), indices in by_name.items():
         n = len(indices)

@@ -38,6 +38,7 @@ and reports the steady state; HE(g) (plan/omnivore.py) is its closed-form check.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from layerplan.cost import compute
@@ -267,8 +268,8 @@ class Groups(Strategy):
         split = len(parts) > 1
         roles = self.roles(config) | ({f"group0{p}": c for (p, _), c in zip(parts, counts)} if split else {})
         out_of_phase = g >= MEAN_FIELD_GROUPS
-        spread = out_of_phase and cluster.shared_cores is not None  # the spread SPREAD measured: shared cores'
+        drawn = out_of_phase and cluster.shared_cores is not None  # SPREAD was measured on shared cores
         return StepGraph(groups=roles, build=build, iterations=ROUNDS, samples_per_step=g * k * batch,
                          report_as={f"group0{p}": "group0" for p, _ in parts[1:]}, mean_field_cores=out_of_phase,
-                         spread=SPREAD if spread else 0.0,
-                         spread_iterations=max(ROUNDS, -(-SPREAD_BATCHES // g)) if spread else 0)
+                         spread=SPREAD if drawn else 0.0,
+                         spread_iterations=max(ROUNDS, math.ceil(SPREAD_BATCHES / g)) if drawn else 0)
