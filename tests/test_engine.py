@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from layerplan.cost.collectives import ALLREDUCE, recursive_doubling_rounds
+from layerplan.cost import engine
 from layerplan.cost.engine import Collective, Compute, Delay, StepGraph, Transfer, iteration_name, simulate
 from layerplan.errors import ConfigError, SpecError
 from layerplan.hardware import ClusterSpec, DeviceSpec, LinkSpec
@@ -395,6 +396,50 @@ def test_every_collective_call_waits_on_shared_cores():
     assert simulate(StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(msg,)), c).step_time_s == pytest.approx(1e-4)
     with pytest.raises(SpecError, match="collective_wait_s"):
         replace(c, collective_wait_s=-1.0)
+
+
+def ddp_like(n: int, bucket_bytes: float) -> StepGraph:
+    """DDP's shape: forward, two buckets' backward, each bucket's all-reduce as it is ready, then the
+    buckets copied back and the update once every all-reduce is done (per-core seconds)."""
+    return StepGraph(groups={"w": n}, samples_per_step=n, tasks=(
+        Compute(name="fwd", group="w", seconds=0.1),
+        Compute(name="bwd0", group="w", seconds=0.02, deps=("fwd",)),
+        Collective(name="ar0", group="w", scheme="ring", bytes=bucket_bytes, deps=("bwd0",)),
+        Compute(name="bwd1", group="w", seconds=0.05, deps=("bwd0",)),
+        Collective(name="ar1", group="w", scheme="ring", bytes=0.0, deps=("bwd1",)),
+        Compute(name="unbucket", group="w", seconds=0.01, deps=("bwd1", "ar0", "ar1")),
+        Compute(name="update", group="w", seconds=0.02, deps=("unbucket",)),
+    ))
+
+
+def test_expected_max_of_normals():
+    assert engine.expected_max_normal(1) == 0.0
+    assert engine.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    assert engine.expected_max_normal(4) == pytest.approx(1.0294, abs=1e-4)
+    assert engine.expected_max_normal(5) > engine.expected_max_normal(4)
+
+
+def test_an_oversubscribed_groups_call_waits_for_its_last_rank(monkeypatch):
+    """On more ranks than cores, a collective waits E[max of n] · RANK_SPREAD · the ranks' compute
+    since they last met (the step's tail before the forward, in a one-iteration graph), capped by
+    the compute that may run past the call: the first bucket's all-reduce (link-bound, so the step
+    ends with it) starts that much later; the last bucket's call, with nothing left to run past
+    it, and any call with no more ranks than cores, wait nothing more."""
+    c = cluster(bandwidth=1e9, nodes=8, shared_cores=2)
+
+    def step(n: int, spread: float) -> float:
+        monkeypatch.setattr(engine, "RANK_SPREAD", spread)
+        return simulate(ddp_like(n, 1e8), c).step_time_s
+
+    # ar0: since the last meeting, the update and unbucket of the step before, the forward and bwd0
+    # (0.15 s a core); past the call, bwd1 (0.05 s): 4 ranks on 2 cores, each at half a core
+    lag_s = engine.expected_max_normal(4) * 0.13 * 0.05 / 0.5
+    assert step(4, 0.13) - step(4, 0.0) == pytest.approx(lag_s, rel=1e-6)
+    assert step(2, 0.13) == pytest.approx(step(2, 0.0))  # a core for each rank: no lag
+    pred = simulate(ddp_like(4, 1e8), c)
+    ar1 = next(e for e in pred.timeline if e.name == "ar1")
+    bwd1 = next(e for e in pred.timeline if e.name == "bwd1")
+    assert ar1.start_s == pytest.approx(bwd1.end_s)  # the last bucket: no lag
 
 
 def test_a_gather_meets_and_its_receivers_wake_cold_on_shared_cores():

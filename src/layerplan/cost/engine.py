@@ -141,8 +141,10 @@ phases fill more of the step) and a timeline. ``Prediction.to_dict()`` is JSON-r
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
@@ -156,6 +158,15 @@ TAIL_ITERATIONS = 2
 """Iterations simulated after the k of a multi-iteration graph, neither measured nor in the timeline."""
 MAX_SPREAD = 1.0
 """The largest ``StepGraph.spread`` (a coefficient of variation) a graph may ask for."""
+RANK_SPREAD = 0.13
+"""On oversubscribed shared cores (more ranks than cores), the coefficient of variation of the time
+a group's ranks take from their last meeting to a collective call: the kernel time-slices them, and
+a rank that gets ahead spends its turns on work past the call while the last one to arrive still
+computes towards it. Logged per rank in DDP steps of alexnet_cifar, 4 workers at 1 Gbit/s on 2
+cores (24 steps, two runs): from the last bucket's all-reduce of one step to the first bucket's
+call of the next, 0.40-0.42 s on average, the last rank 11-12% behind the mean, 0.14-0.15 of it
+the ranks' spread (stanza's CONV workers of vgg16_cifar, 4 on 2 cores: the backward's last rank
+16% behind the mean). 2 workers on the 2 cores: 0.9% behind (``_rank_lag_s``)."""
 
 
 # ---- tasks ---------------------------------------------------------------------------------------
@@ -639,6 +650,106 @@ def _in_step(t: Collective, tasks: Sequence[Task], index: Mapping[str, int]) -> 
     return bool(deps) and all(isinstance(d, Collective) and d.group == t.group for d in deps)
 
 
+@functools.lru_cache(maxsize=64)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normal draws] (0 for n = 1; 1.029 for n = 4): the integral of
+    x · n φ(x) Φ(x)^(n−1) on a grid of 0.001 over ±8."""
+    if n <= 1:
+        return 0.0
+    nd = statistics.NormalDist()
+    h = 1e-3
+    return math.fsum(x * n * nd.pdf(x) * nd.cdf(x) ** (n - 1) * h for x in (j * h for j in range(-8000, 8001)))
+
+
+class _Chains:
+    """Each group's chain of compute, for ``_rank_lag_s``: which compute waited on the network (its
+    ranks met there), the per-core compute from the last meeting to a task's end, and the compute
+    that may follow a task without waiting. Memoized over one compiled task list."""
+
+    def __init__(self, tasks: Sequence[Task], its: Sequence[int], index: Mapping[str, int]) -> None:
+        self.tasks, self.its = tasks, its
+        self.deps = [[index[d] for d in t.deps if d in index] for t in tasks]
+        self.succ: list[list[int]] = [[] for _ in tasks]
+        for j, ds in enumerate(self.deps):
+            for d in ds:
+                self.succ[d].append(j)
+        self.waited = [any(_is_network(tasks[d]) for d in ds) for ds in self.deps]
+        self._back: dict[int, float] = {}
+        self._ahead: dict[int, float] = {}
+        self._tail: dict[tuple[str, int], float] = {}
+        self._from_wait: dict[int, bool] = {}
+        self._waits_later: dict[int, bool] = {}
+
+    def own(self, j: int, g: str) -> bool:
+        t = self.tasks[j]
+        return isinstance(t, Compute) and t.group == g
+
+    def back(self, j: int) -> float:
+        """Per-core compute from the group's last meeting to the end of compute task j. A chain that
+        starts the step (one iteration's graph, as DDP's) goes back to the compute after the step's
+        last wait (the previous step's, in the steady state)."""
+        if j not in self._back:
+            g = self.tasks[j].group
+            before = 0.0
+            if not self.waited[j]:
+                prev = [d for d in self.deps[j] if self.own(d, g)]
+                before = max((self.back(d) for d in prev), default=0.0) if prev else self.tail(g, self.its[j])
+            self._back[j] = self.tasks[j].seconds + before
+        return self._back[j]
+
+    def ahead(self, j: int) -> float:
+        """Per-core compute of the group that may follow task j without waiting on the network."""
+        if j not in self._ahead:
+            g = self.tasks[j].group
+            self._ahead[j] = max((self.tasks[s].seconds + self.ahead(s) for s in self.succ[j]
+                                  if self.own(s, g) and not self.waited[s]), default=0.0)
+        return self._ahead[j]
+
+    def tail(self, g: str, it: int) -> float:
+        """Per-core compute of group g's iteration ``it`` at or after its chain's last wait (DDP's
+        unbucket, then its update)."""
+        if (g, it) not in self._tail:
+            self._tail[(g, it)] = math.fsum(t.seconds for j, t in enumerate(self.tasks)
+                                            if self.its[j] == it and self.own(j, g)
+                                            and self.from_wait(j) and not self.waits_later(j))
+        return self._tail[(g, it)]
+
+    def from_wait(self, j: int) -> bool:
+        if j not in self._from_wait:
+            g = self.tasks[j].group
+            self._from_wait[j] = self.waited[j] or any(self.own(d, g) and self.from_wait(d) for d in self.deps[j])
+        return self._from_wait[j]
+
+    def waits_later(self, j: int) -> bool:
+        if j not in self._waits_later:
+            g = self.tasks[j].group
+            self._waits_later[j] = any(self.own(s, g) and (self.waited[s] or self.waits_later(s)) for s in self.succ[j])
+        return self._waits_later[j]
+
+
+def _rank_lag_s(i: int, chains: _Chains, groups: Mapping[str, int], cluster: ClusterSpec,
+                speeds: "_MeanField | None") -> float:
+    """Seconds collective ``tasks[i]`` waits, on oversubscribed shared cores, for the last of its
+    group's n ranks beyond their mean (``RANK_SPREAD``): E[max of n normals] · RANK_SPREAD · the time
+    the ranks compute from their last meeting to the call (``_Chains.back``) — no more than the time
+    of the compute that may run past the call without waiting on the network (``_Chains.ahead``),
+    the work a rank ahead can spend its turns on (none after the backward's last bucket: there the
+    ranks ahead idle and the last one gets the cores). Per-core compute stretched to the group's
+    speed on the cores: the mean field's, else the oversubscribed capacity shared by its ranks."""
+    t = chains.tasks[i]
+    g, n = t.group, groups[t.group]
+    feeds = [d for d in chains.deps[i] if chains.own(d, g)]
+    if not feeds:
+        return 0.0
+    work_s = min(max(chains.back(j) for j in feeds), max(chains.ahead(j) for j in feeds))
+    if speeds is not None:
+        speed = speeds.groups[g]
+    else:
+        cap = cluster.oversubscribed_core_capacity or cluster.shared_core_capacity or cluster.shared_cores
+        speed = min(1.0, float(cap) / n)
+    return expected_max_normal(n) * RANK_SPREAD * work_s / speed
+
+
 def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int], cluster: ClusterSpec,
              res: _Resources, speeds: "_MeanField | None" = None,
              spread: Mapping[int, float] | None = None) -> list[_Act]:
@@ -648,6 +759,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
         lat_s += cluster.oversubscribed_wait_s  # more ranks than cores: a message waits for its receiver's turn
         message_cpu_s = cluster.oversubscribed_message_cpu_s
     index = {t.name: i for i, t in enumerate(tasks)}
+    chains: _Chains | None = None  # built on the first collective that needs it (_rank_lag_s)
     acts: list[_Act] = []
     for i, t in enumerate(tasks):
         coefs: list[tuple[int, float]] = []
@@ -705,6 +817,9 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
             latency = cost.rounds * lat_s  # α term: rounds on the critical path
             if n > 1 and cluster.shared_cores is not None and not _in_step(t, tasks, index):
                 latency += cluster.collective_wait_s  # the ranks meet: each call waits for the slowest
+                if sum(groups.values()) > cluster.shared_cores:  # oversubscribed: the last rank lags
+                    chains = chains or _Chains(tasks, its, index)
+                    latency += _rank_lag_s(i, chains, groups, cluster, speeds)
             amount = cost.critical_bytes
             if amount > 0:
                 for r, b in ((res.egress[t.group], cost.send_bytes_per_node), (res.ingress[t.group], cost.recv_bytes_per_node)):
