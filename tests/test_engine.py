@@ -484,6 +484,11 @@ def test_moving_bytes_costs_the_shared_cores_cpu():
     assert simulate(ar, two).step_time_s == pytest.approx(0.8)
     slow = replace(two, comm_cpu_s_per_byte=1 / (4 * s_bytes), reduce_cpu_s_per_byte=1 / s_bytes)
     assert simulate(ar, slow).step_time_s == pytest.approx(1.0)
+    # measured beside its ranks' compute: the larger of that and the idle-core charge, per byte sent
+    # (the ring's 2·S): 2/S a byte is 4 core-seconds over 2 cores; 0.5/S (1 core-second) is below
+    # the idle-core charge's 2 and leaves it
+    assert simulate(ar, replace(slow, collective_busy_cpu_s_per_byte=2 / s_bytes)).step_time_s == pytest.approx(2.0)
+    assert simulate(ar, replace(slow, collective_busy_cpu_s_per_byte=0.5 / s_bytes)).step_time_s == pytest.approx(1.0)
 
 
 def test_processor_sharing_on_one_node():

@@ -290,3 +290,15 @@ def test_a_device_at_another_memory_speed_paces_the_layers_that_are_not_matrix_p
     assert dev.at_speed(1.0, memory_speed=0.5).profiled(prof("ReLU").key).time_s(16, "fwd") == pytest.approx(5.2e-3)
     with pytest.raises(SpecError, match="speed"):
         dev.at_speed(1.0, memory_speed=0.0)
+
+
+def test_a_clusters_busy_ring_cost_is_checked_and_kept():
+    from dataclasses import replace
+
+    c = hardware.cluster("local-cpu", nodes=2, shared_cores=2)
+    assert c.collective_busy_cpu_s_per_byte is None
+    busy = replace(c, collective_busy_cpu_s_per_byte=2e-9)
+    assert hardware.cluster_from_dict(busy.to_dict()).collective_busy_cpu_s_per_byte == 2e-9
+    for bad in (-1e-9, float("nan"), "2ns"):
+        with pytest.raises(SpecError, match="collective_busy_cpu_s_per_byte"):
+            replace(c, collective_busy_cpu_s_per_byte=bad)

@@ -342,6 +342,21 @@ def test_a_rows_measured_link_cpu_enters_its_prediction():
     assert dear["predicted_step_s"] > cheap["predicted_step_s"]
 
 
+def test_a_rings_cost_beside_its_ranks_compute_enters_where_it_stands_apart():
+    """A rate's ring measured beside its ranks' compute (``link_busy_cpu_s_per_byte``) is charged to
+    the collectives where it reads BUSY_RING_APART times the idle-core charge or more; nearer, the
+    idle-core charge stands (the probe's own spread)."""
+    r, emu, cal = _calibrated_row()
+    r4 = {**r, "workers": 4, "run_config": {"workers": 4}, "link_cpu_s_per_byte": 6e-10}
+    emu4 = type(emu)(name="t", hosts=4, rate_bytes_per_s=emu.rate_bytes_per_s, subnet=1)
+    plain = validate.prediction(r4, emu4, cal)
+    idle = 6e-10 + cal.reduce_cpu_s_per_byte / 2  # both ends' link CPU a byte, the reduction's half
+    near = validate.prediction({**r4, "link_busy_cpu_s_per_byte": 0.9 * validate.BUSY_RING_APART * idle}, emu4, cal)
+    assert near["predicted_step_s"] == plain["predicted_step_s"]
+    apart = validate.prediction({**r4, "link_busy_cpu_s_per_byte": 2e-8}, emu4, cal)
+    assert apart["predicted_step_s"] > plain["predicted_step_s"]
+
+
 def test_the_pace_is_the_median_load_probe_of_the_rows_before(monkeypatch):
     """Paced by a probe (``PACE_FIELD``), a row's pace: the median ``load_speed`` of the last
     PACE_PROBES rows run before it that have one (rows without a probe, the presets' or older ones',
@@ -767,6 +782,7 @@ def probing(monkeypatch, both_cores, memory=lambda: 0.003, net_pass=lambda net: 
 
     monkeypatch.setattr(emulate, "measure_duplex", lambda *a, **k: None)
     monkeypatch.setattr(emulate, "measure_flow_lead", lambda *a, **k: None)
+    monkeypatch.setattr(emulate, "measure_busy_ring", lambda *a, **k: {"cpu_s_per_byte": 2e-9})
     monkeypatch.setattr(validate, "measure_link", lambda emu: (None, None))
     monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: both_cores() if threads == 2 else 29e9)
     monkeypatch.setattr(calibrate, "memory_probe", lambda window_s=0.1, threads=2: memory())

@@ -447,6 +447,14 @@ class ClusterSpec:
     emulated links DDP's BatchNorm buffer broadcast alone cost resnet_cifar's 2 ranks 1-2.5 ms a
     step. A call that follows only calls of its own ranks (DDP's second buffer broadcast, right
     after the first) does not wait again: its ranks have just met. 0: not modelled."""
+    collective_busy_cpu_s_per_byte: float | None = None
+    """With shared_cores: CPU seconds a byte a collective sends (a ring's bytes, each rank's, summed)
+    takes from the shared cores while its own ranks compute beside it — measured, not derived from
+    ``comm_cpu_s_per_byte`` (timed on idle cores): each wake-up of a gloo thread on a core busy with
+    the backward costs the compute more than the thread's own CPU (its caches refilled). The engine
+    charges a collective's bytes the larger of the two. ``validate`` measures it at each emulated
+    rate of 1 Gbit/s and more (``emulate.measure_busy_ring``): here 1.7-2.0 ns a byte at 1 Gbit/s
+    (the idle-core charge 0.66), 1.0-1.1 at 10 Gbit/s (1.2). None: the idle-core charge."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
@@ -472,6 +480,11 @@ class ClusterSpec:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise SpecError(f"cluster {self.name!r}: {f} must be a non-negative number of seconds, got {v!r}")
+        busy = self.collective_busy_cpu_s_per_byte
+        if busy is not None and (not isinstance(busy, (int, float)) or isinstance(busy, bool) or not math.isfinite(busy)
+                                 or busy < 0):
+            raise SpecError(f"cluster {self.name!r}: collective_busy_cpu_s_per_byte must be a non-negative number "
+                            f"of seconds or null, got {busy!r}")
 
     def with_nodes(self, nodes: int) -> "ClusterSpec":
         return replace(self, nodes=nodes)
@@ -492,6 +505,7 @@ class ClusterSpec:
             "oversubscribed_wait_s": self.oversubscribed_wait_s,
             "oversubscribed_message_cpu_s": self.oversubscribed_message_cpu_s,
             "collective_wait_s": self.collective_wait_s,
+            "collective_busy_cpu_s_per_byte": self.collective_busy_cpu_s_per_byte,
         }
 
     def describe(self) -> str:

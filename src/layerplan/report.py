@@ -179,7 +179,10 @@ def print_cluster(c) -> None:
               + ("" if not c.oversubscribed_message_cpu_s else
                  f"; each end of a message costs {units.format_seconds(c.oversubscribed_message_cpu_s)} of CPU")
               + ("" if not c.collective_wait_s else
-                 f"; each collective call adds {units.format_seconds(c.collective_wait_s)} to a step"))
+                 f"; each collective call adds {units.format_seconds(c.collective_wait_s)} to a step")
+              + ("" if c.collective_busy_cpu_s_per_byte is None else
+                 f"; a collective's bytes beside its ranks' compute take {1e9 * c.collective_busy_cpu_s_per_byte:.1f} ns "
+                 "of CPU each"))
     console().print(t)
 
 

@@ -547,7 +547,9 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     (``link_payload_bytes_per_s``), that over the line rate is the link's efficiency; where it has
     the link measured both ways at once (``link_duplex``), ``duplex_efficiency`` fits it (and,
     where it has the CPU of both, ``reduce_cpu_s_per_byte`` replaces the calibration's); where it
-    has flows from one host measured (``link_flow_lead``), its ``flow_lead_bytes``; where it has
+    has flows from one host measured (``link_flow_lead``), its ``flow_lead_bytes``; where it has a
+    ring's bytes measured beside its ranks' compute (``link_busy_cpu_s_per_byte``), the
+    collectives' ``collective_busy_cpu_s_per_byte``; where it has
     the machine's ``pace``, the device computes at that speed (``DeviceSpec.at_speed``), and the
     prediction without it is kept as ``calibrated_step_s`` (its error ``calibrated_error``)."""
     from layerplan.runtime.predict import predict_run, timeline_marks
@@ -567,6 +569,9 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
             cluster = replace(cluster, reduce_cpu_s_per_byte=red)
         cluster = replace(cluster, nic=replace(cluster.nic, duplex_efficiency=duplex_efficiency(row["link_duplex"],
                                                                                                  cluster)))
+    busy = row.get("link_busy_cpu_s_per_byte") if calibrated else None
+    if busy is not None and busy > BUSY_RING_APART * (2.0 * cluster.comm_cpu_s_per_byte + cluster.reduce_cpu_s_per_byte / 2.0):
+        cluster = replace(cluster, collective_busy_cpu_s_per_byte=busy)  # a ring's bytes beside its ranks' compute
     if calibrated and row.get("link_flow_lead"):  # how the link shares flows that leave a host together
         cluster = replace(cluster, nic=replace(cluster.nic, flow_lead_bytes=row["link_flow_lead"]["flow_lead_bytes"]))
     as_calibrated = None
@@ -1196,6 +1201,20 @@ def measure_rate_links(emu, progress: Callable[[str], None] | None = None,
             "probe": best[4]}
 
 
+BUSY_RING_MIN_BYTES_PER_S = 1e9 / 8
+"""Rates from which each rate's link measurements include a ring beside its ranks' compute
+(``emulate.measure_busy_ring``, 7 s). At 100 Mbit/s a 2-rank ring's bytes need a few hundredths of
+a core, below what two 2-second windows of compute can tell apart, and the idle-core charge
+(4-5 ns a byte there) stands."""
+
+BUSY_RING_APART = 1.5
+"""A rate's ring measured beside its ranks' compute (``link_busy_cpu_s_per_byte``) replaces the
+collectives' idle-core charge (the link's CPU a byte, both ends, and the reduction's half) only
+where it reads this many times that charge: its two 2-second windows of compute read within about
+15% of each other's pace, and a ring's bytes at 10 Gbit/s cost their ranks' compute what they cost
+idle cores (1.0-1.2 ns a byte both ways), where at 1 Gbit/s 2.5-3.3× as much."""
+
+
 LINK_AGAIN_BELOW = 0.9
 """Where every try of a rate's link measurements read below this share of steady
 (``link_steadiness``), they are taken again after the rate's rows, minutes later, and the rows
@@ -1385,6 +1404,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                                                            links["duplex"], links["tries"])
                 link_probe = links.get("probe")
             lead = emulate.measure_flow_lead(emu) if track and emu.hosts >= 3 else None
+            busy_ring = (emulate.measure_busy_ring(emu)["cpu_s_per_byte"]
+                         if track and emu.rate_bytes_per_s >= BUSY_RING_MIN_BYTES_PER_S else None)
             for c in batch:
                 sized = sizing_step_s(c, emu, calibrated, matrix)
                 slow = left_out.get(key(c)) or too_slow(c, emu, calibrated, matrix, sized)
@@ -1414,7 +1435,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                             row.update(speed=probe / speed_reference, probe_flops_per_s=probe,
                                        link_cpu_s_per_byte=link_cpu, link_payload_bytes_per_s=link_rate,
                                        link_tries=link_tries, link_probe=link_probe,
-                                       link_duplex=duplex, link_flow_lead=lead, load_speed=min(load, after) / load_reference,
+                                       link_duplex=duplex, link_flow_lead=lead, link_busy_cpu_s_per_byte=busy_ring,
+                                       load_speed=min(load, after) / load_reference,
                                        load_probe_flops_per_s=load, load_after_flops_per_s=after)
                         return row
 
@@ -1739,6 +1761,8 @@ def print_summary(doc: dict, con=None) -> None:
                   f"with both busy, {1e9 * r['link_cpu_s_per_byte']:.1f} ns of CPU per byte"
                   + (f", flows leaving a host together: the first leads by √({r['link_flow_lead_bytes'] / 1e3:.0f} kB·S)"
                      if r.get("link_flow_lead") else "")
+                  + (f", a ring's bytes beside its ranks' compute {1e9 * r['link_busy_cpu_s_per_byte']:.1f} ns each"
+                     if r.get("link_busy_cpu_s_per_byte") is not None else "")
                   + (f"; measured {len(r['link_tries'])} times" + link_tries_said(r) if len(r.get("link_tries") or ()) > 1
                      else ""))
     if s.get("best_among_close_fraction") is not None and s["best_match_fraction"] is not None \

@@ -835,6 +835,8 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                     cpu = 2.0 * cluster.comm_cpu_s_per_byte * cost.total_bytes
                     if t.scheme in ALLREDUCE:
                         cpu += cluster.reduce_cpu_s_per_byte * cost.total_bytes / 2.0
+                    if cluster.collective_busy_cpu_s_per_byte is not None:  # measured beside its ranks' compute
+                        cpu = max(cpu, cluster.collective_busy_cpu_s_per_byte * cost.total_bytes)
                     if cpu > 0:
                         coefs.append((res.cores, cpu / amount))
                         threads = float(n)

@@ -490,6 +490,54 @@ def measure_duplex(emu: Emulated, seconds: float = 1.0, repeats: int = 3) -> dic
             "allreduce_cpu_s": allreduce_cpu}
 
 
+BUSY_RING_PORT = 29558
+BUSY_RING_ROUND_S = 0.25
+"""A round of ``measure_busy_ring``'s all-reduce takes about this long at the link's rate."""
+
+
+def measure_busy_ring(emu: Emulated, window_s: float = 2.0) -> dict[str, float]:
+    """CPU seconds a byte of a ring all-reduce takes from its own ranks' compute (ClusterSpec.
+    ``collective_busy_cpu_s_per_byte``): two hosts' ranks (one thread each) run a convolution's
+    forward and backward in a loop, first alone for ``window_s``, then while a thread of each
+    all-reduces a buffer of about ``BUSY_RING_ROUND_S`` of the link's bytes round after round (as
+    DDP's buckets go beside the backward), until both have seen ``window_s`` pass. The compute's
+    passes lost, in cores (one a rank), over the bytes the ranks sent a second. Measured here
+    (``benchmarks/ring_in_busy_ranks.py``, vgg16_cifar's conv head): 1.7-2.0 ns a byte at 1 Gbit/s,
+    where the same bytes cost 0.66 on idle cores; 1.0-1.1 at 10 Gbit/s.
+    Returns {"cpu_s_per_byte", "lost_cores", "sent_bytes_per_s", "pace_ratio"}."""
+    if emu.hosts < 2:
+        raise EmulationError("measuring a ring needs at least 2 hosts")
+    floats = int(min(16 * 2**20, max(2**18, BUSY_RING_ROUND_S * emu.rate_bytes_per_s / 4)))
+    code = ("import datetime,json,threading,time,torch,torch.distributed as dist\n"
+            "torch.set_num_threads(1);dist.init_process_group('gloo',timeout=datetime.timedelta(seconds=120))\n"
+            "x=torch.randn(16,128,16,16,requires_grad=True);conv=torch.nn.Conv2d(128,128,3,padding=1)\n"
+            "def compute(): conv(x).sum().backward()\n"
+            f"buf=torch.ones({floats});flag=torch.zeros(1);W={float(window_s)!r}\n"
+            "def ring(t0,out):\n"
+            " n=0\n"
+            " while True:\n"
+            "  dist.all_reduce(buf);n+=1\n"
+            "  flag[0]=float(time.perf_counter()-t0<W);dist.all_reduce(flag,op=dist.ReduceOp.MIN)\n"
+            "  if flag[0]==0: break\n"
+            " out['rounds'],out['s']=n,time.perf_counter()-t0\n"
+            "compute();compute();dist.barrier()\n"
+            "t0=time.perf_counter();k=0\n"
+            "while time.perf_counter()-t0<W: compute();k+=1\n"
+            "alone=k/(time.perf_counter()-t0);dist.barrier()\n"
+            "res={};t0=t1=time.perf_counter();th=threading.Thread(target=ring,args=(t0,res));th.start();k=0\n"
+            "while th.is_alive(): compute();k+=1;t1=time.perf_counter()\n"
+            "th.join();both=k/(t1-t0)\n"
+            "out=[None]*dist.get_world_size();dist.all_gather_object(out,[alone,both,res['rounds']*buf.numel()*4/res['s']])\n"
+            "if dist.get_rank()==0: print(json.dumps(out),flush=True)\n"
+            "dist.barrier();dist.destroy_process_group()\n")
+    per_rank = _rank0_json(emu, code, 2, BUSY_RING_PORT, 120 + 10 * window_s, "ring measurement")
+    pace = sum(r[1] for r in per_rank) / sum(r[0] for r in per_rank)
+    lost_cores = max(0.0, 1.0 - pace) * len(per_rank)
+    sent = sum(r[2] for r in per_rank)  # a 2-rank ring sends its buffer once from each rank
+    return {"cpu_s_per_byte": lost_cores / sent if sent > 0 else 0.0, "lost_cores": lost_cores,
+            "sent_bytes_per_s": sent, "pace_ratio": pace}
+
+
 FLOW_LEAD_PORT = 29557
 
 
