@@ -352,9 +352,10 @@ def test_a_rings_cost_beside_its_ranks_compute_enters_where_it_stands_apart():
     plain = validate.prediction(r4, emu4, cal)
     idle = 6e-10 + cal.reduce_cpu_s_per_byte / 2  # both ends' link CPU a byte, the reduction's half
     near = validate.prediction({**r4, "link_busy_cpu_s_per_byte": 0.9 * validate.BUSY_RING_APART * idle}, emu4, cal)
-    assert near["predicted_step_s"] == plain["predicted_step_s"]
+    assert near["predicted_step_s"] == plain["predicted_step_s"] and near["link_busy_charged"] is False
     apart = validate.prediction({**r4, "link_busy_cpu_s_per_byte": 2e-8}, emu4, cal)
-    assert apart["predicted_step_s"] > plain["predicted_step_s"]
+    assert apart["predicted_step_s"] > plain["predicted_step_s"] and apart["link_busy_charged"] is True
+    assert plain["link_busy_charged"] is None  # not measured (below 1 Gbit/s, or an older run)
 
 
 def test_the_pace_is_the_median_load_probe_of_the_rows_before(monkeypatch):

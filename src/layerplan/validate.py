@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from layerplan import hardware, units
+from layerplan.cost.engine import idle_collective_cpu_s_per_byte
 from layerplan.errors import ConfigError
 
 RUNTIME_STRATEGIES = ("ps", "allreduce", "stanza", "ralp", "hybrid")
@@ -570,7 +571,8 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         cluster = replace(cluster, nic=replace(cluster.nic, duplex_efficiency=duplex_efficiency(row["link_duplex"],
                                                                                                  cluster)))
     busy = row.get("link_busy_cpu_s_per_byte") if calibrated else None
-    if busy is not None and busy > BUSY_RING_APART * (2.0 * cluster.comm_cpu_s_per_byte + cluster.reduce_cpu_s_per_byte / 2.0):
+    busy_charged = busy is not None and busy >= BUSY_RING_APART * idle_collective_cpu_s_per_byte(cluster, reduces=True)
+    if busy_charged:
         cluster = replace(cluster, collective_busy_cpu_s_per_byte=busy)  # a ring's bytes beside its ranks' compute
     if calibrated and row.get("link_flow_lead"):  # how the link shares flows that leave a host together
         cluster = replace(cluster, nic=replace(cluster.nic, flow_lead_bytes=row["link_flow_lead"]["flow_lead_bytes"]))
@@ -591,6 +593,7 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         "predicted_bytes_per_step": pred["bytes_per_step"]["total"], "bottleneck": pred["bottleneck"],
         "link_efficiency": cluster.nic.efficiency, "link_duplex_efficiency": cluster.nic.duplex_efficiency,
         "link_flow_lead_bytes": cluster.nic.flow_lead_bytes,
+        "link_busy_charged": busy_charged if busy is not None else None,
         # the engine's shared cores busy (its load over the capacity) as cores of CPU time, as the run counts them
         "predicted_cpu_cores": pred["utilization"]["shared cores"] * cluster.shared_cores
         if cluster.shared_cores and "shared cores" in pred["utilization"] else None,
@@ -1762,6 +1765,9 @@ def print_summary(doc: dict, con=None) -> None:
                   + (f", flows leaving a host together: the first leads by √({r['link_flow_lead_bytes'] / 1e3:.0f} kB·S)"
                      if r.get("link_flow_lead") else "")
                   + (f", a ring's bytes beside its ranks' compute {1e9 * r['link_busy_cpu_s_per_byte']:.1f} ns each"
+                     + (" (charged to the collectives)" if r.get("link_busy_charged") else
+                        f" (under {BUSY_RING_APART:g}× the idle-core charge: not charged)"
+                        if r.get("link_busy_charged") is False else "")
                      if r.get("link_busy_cpu_s_per_byte") is not None else "")
                   + (f"; measured {len(r['link_tries'])} times" + link_tries_said(r) if len(r.get("link_tries") or ()) > 1
                      else ""))

@@ -650,6 +650,21 @@ def _in_step(t: Collective, tasks: Sequence[Task], index: Mapping[str, int]) -> 
     return bool(deps) and all(isinstance(d, Collective) and d.group == t.group for d in deps)
 
 
+def idle_collective_cpu_s_per_byte(cluster: ClusterSpec, reduces: bool) -> float:
+    """CPU seconds a byte a collective sends (every rank's, summed) takes from the shared cores, as
+    timed on idle cores: the message's CPU at both ends, and an all-reduce (``reduces``) reduces half
+    of what it moves (ring: (n−1)·S of 2(n−1)·S)."""
+    return 2.0 * cluster.comm_cpu_s_per_byte + (cluster.reduce_cpu_s_per_byte / 2.0 if reduces else 0.0)
+
+
+def collective_cpu_s_per_byte(cluster: ClusterSpec, reduces: bool) -> float:
+    """What the engine charges a byte a collective sends: the idle-core charge, or where measured
+    beside its ranks' compute and larger, that (``ClusterSpec.collective_busy_cpu_s_per_byte``)."""
+    idle = idle_collective_cpu_s_per_byte(cluster, reduces)
+    busy = cluster.collective_busy_cpu_s_per_byte
+    return idle if busy is None else max(idle, busy)
+
+
 @functools.lru_cache(maxsize=64)
 def expected_max_normal(n: int) -> float:
     """E[max of n independent standard normal draws] (0 for n = 1; 1.029 for n = 4): the integral of
@@ -832,11 +847,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                 if res.cores is not None and cost.total_bytes > 0:
                     # every byte sent costs CPU at both ends; an all-reduce also reduces half of what
                     # it moves (ring: (n−1)·S of 2(n−1)·S), on the same shared cores
-                    cpu = 2.0 * cluster.comm_cpu_s_per_byte * cost.total_bytes
-                    if t.scheme in ALLREDUCE:
-                        cpu += cluster.reduce_cpu_s_per_byte * cost.total_bytes / 2.0
-                    if cluster.collective_busy_cpu_s_per_byte is not None:  # measured beside its ranks' compute
-                        cpu = max(cpu, cluster.collective_busy_cpu_s_per_byte * cost.total_bytes)
+                    cpu = collective_cpu_s_per_byte(cluster, t.scheme in ALLREDUCE) * cost.total_bytes
                     if cpu > 0:
                         coefs.append((res.cores, cpu / amount))
                         threads = float(n)
