@@ -489,6 +489,14 @@ def test_moving_bytes_costs_the_shared_cores_cpu():
     # the idle-core charge's 2 and leaves it
     assert simulate(ar, replace(slow, collective_busy_cpu_s_per_byte=2 / s_bytes)).step_time_s == pytest.approx(2.0)
     assert simulate(ar, replace(slow, collective_busy_cpu_s_per_byte=0.5 / s_bytes)).step_time_s == pytest.approx(1.0)
+    # each rank's thread keeps at most half a core busy: the same 2 core-seconds at 2 × 0.5 cores
+    assert simulate(ar, replace(slow, collective_core_share=0.5)).step_time_s == pytest.approx(2.0)
+    assert simulate(ar, replace(slow, collective_core_share=1.0)).step_time_s == pytest.approx(1.0)  # the cores bind first
+    assert simulate(ar, replace(two, collective_core_share=0.5)).step_time_s == pytest.approx(0.8)  # no CPU: no bound
+    # 4 ranks on the 2 cores: 4 × 0.6 cores is more than the 2 there are, which still bind
+    ar4 = StepGraph(groups={"w": 4}, samples_per_step=4, tasks=(Collective(name="ar", group="w", scheme="ring", bytes=s_bytes),))
+    four = replace(slow, nodes=4)
+    assert simulate(ar4, replace(four, collective_core_share=0.6)).step_time_s == pytest.approx(simulate(ar4, four).step_time_s)
 
 
 def test_processor_sharing_on_one_node():

@@ -302,3 +302,8 @@ def test_a_clusters_busy_ring_cost_is_checked_and_kept():
     for bad in (-1e-9, float("nan"), "2ns"):
         with pytest.raises(SpecError, match="collective_busy_cpu_s_per_byte"):
             replace(c, collective_busy_cpu_s_per_byte=bad)
+    assert c.collective_core_share is None
+    assert hardware.cluster_from_dict(replace(c, collective_core_share=0.75).to_dict()).collective_core_share == 0.75
+    for bad in (0.0, 1.5, float("nan"), True):
+        with pytest.raises(SpecError, match="collective_core_share"):
+            replace(c, collective_core_share=bad)

@@ -602,6 +602,31 @@ def test_the_link_measured_both_ways_gives_its_duplex_efficiency():
     assert 1.04 < slower["predicted_step_s"] / plain["predicted_step_s"] < 1.07
 
 
+def test_a_ring_its_cpu_bounds_keeps_the_share_of_a_core_its_threads_measured():
+    r, emu, cal = _calibrated_row()
+    emu10 = type(emu)(name="t", hosts=2, rate_bytes_per_s=1.25e9, subnet=1)
+    r10 = {**r, "rate": "10Gbit", "rate_bytes_per_s": 1.25e9, "link_cpu_s_per_byte": 1.05e-9}
+    c = replace(validate.calibrated_for(emu10, cal), comm_cpu_s_per_byte=0.525e-9, reduce_cpu_s_per_byte=0.0)
+    # 10 Gbit/s as measured: 256 MiB in 0.357 s, 0.54 s of both hosts' CPU; the engine's 2 cores
+    # would move it in about 0.3 s, so the CPU bounds it: 0.54 / (2 · 0.357) of a core a host
+    m = {"bytes": 268435456.0, "p2p_s": 0.227, "allreduce_s": 0.357, "p2p_cpu_s": 0.29, "allreduce_cpu_s": 0.54}
+    assert validate.collective_core_share(m, c) == pytest.approx(0.54 / (2 * 0.357))
+    assert validate.collective_core_share({**m, "allreduce_cpu_s": None}, c) is None  # an older row
+    assert validate.collective_core_share({**m, "allreduce_cpu_s": 0.8}, c) is None  # a whole core a host: no bound
+    # 1 Gbit/s: the link bounds the ring (its threads wait on the wire), whatever their CPU read
+    emu1 = type(emu)(name="t", hosts=2, rate_bytes_per_s=1.25e8, subnet=1)
+    c1 = replace(validate.calibrated_for(emu1, cal), comm_cpu_s_per_byte=0.26e-9)
+    assert validate.collective_core_share({"bytes": 250e6, "p2p_s": 2.094, "allreduce_s": 2.096, "p2p_cpu_s": 0.17,
+                                           "allreduce_cpu_s": 0.31}, c1) is None
+    # in a row's prediction: hybrid's conv all-reduce runs alone after the backward, on idle cores
+    h = {**r10, "strategy": "hybrid", "run_config": {"conv_workers": 2, "fc_workers": 1}}
+    emu3 = type(emu)(name="t", hosts=3, rate_bytes_per_s=1.25e9, subnet=1)
+    free = validate.prediction({**h, "link_duplex": {**m, "allreduce_s": 0.28, "allreduce_cpu_s": 0.56}}, emu3, cal)
+    bound = validate.prediction({**h, "link_duplex": m}, emu3, cal)
+    assert bound["predicted_step_s"] > free["predicted_step_s"]
+    assert bound["link_core_share"] == pytest.approx(0.54 / (2 * 0.357)) and free["link_core_share"] is None
+
+
 def test_the_predicted_best_is_named_at_one_speed_not_at_each_rows_pace():
     """stanza's row was paced 0.8× (its prediction 1.25× its calibrated 0.9 s), DDP's 1.0×: at their
     paces DDP looks faster, but as ``plan`` ranks them, at one speed, stanza is the predicted best."""
@@ -695,7 +720,11 @@ def test_the_summary_prints_each_rates_link_as_measured():
     validate.print_summary({"summary": validate.summarize(rows), "rows": rows}, Console(file=out, width=200))
     assert "100Mbit link: payload 95.6 Mbit/s (efficiency 0.956), each direction 1.000 of it with both busy, " \
            "4.0 ns of CPU per byte" in out.getvalue()
-    assert "steadiest" not in out.getvalue()
+    assert "steadiest" not in out.getvalue() and "of a core a rank" not in out.getvalue()
+    out = io.StringIO()
+    shared = [{**rows[0], "link_core_share": 0.756}]
+    validate.print_summary({"summary": validate.summarize(shared), "rows": shared}, Console(file=out, width=300))
+    assert "4.0 ns of CPU per byte, a ring its CPU bounds keeps 0.76 of a core a rank busy" in out.getvalue()
     rows = [{**rows[0], "link_tries": [0.85, 1.003]}]  # measured again (LINK_STEADY): said so
     out = io.StringIO()
     validate.print_summary({"summary": validate.summarize(rows), "rows": rows}, Console(file=out, width=300))

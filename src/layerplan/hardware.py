@@ -455,6 +455,14 @@ class ClusterSpec:
     charges a collective's bytes the larger of the two. ``validate`` measures it at each emulated
     rate of 1 Gbit/s and more (``emulate.measure_busy_ring``): here 1.7-2.0 ns a byte at 1 Gbit/s
     (the idle-core charge 0.66), 1.0-1.1 at 10 Gbit/s (1.2). None: the idle-core charge."""
+    collective_core_share: float | None = None
+    """With shared_cores: the most of a core a collective's thread on each rank keeps busy, its
+    bytes' CPU included — a ring's rank sends, receives and reduces in turn and waits on its peers
+    in between, so where its bytes' CPU bounds it, it runs at this share of a core a rank even with
+    the cores free. ``validate`` fits it per rate from the link's all-reduce of 2 hosts, where the
+    model's ring is bound by its CPU: the machine's busy CPU over the all-reduce's time, per host
+    (here at 10 Gbit/s 0.73-0.76 of a core: 256 MiB in 0.36 s with 0.54 s of CPU, where the engine
+    had it bound by the 2 cores at 0.30 s). None: no bound but the cores' share."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
@@ -485,6 +493,10 @@ class ClusterSpec:
                                  or busy < 0):
             raise SpecError(f"cluster {self.name!r}: collective_busy_cpu_s_per_byte must be a non-negative number "
                             f"of seconds or null, got {busy!r}")
+        share = self.collective_core_share
+        if share is not None and (not isinstance(share, (int, float)) or isinstance(share, bool) or not math.isfinite(share)
+                                  or not 0 < share <= 1):
+            raise SpecError(f"cluster {self.name!r}: collective_core_share must be a number in (0, 1] or null, got {share!r}")
 
     def with_nodes(self, nodes: int) -> "ClusterSpec":
         return replace(self, nodes=nodes)
@@ -506,6 +518,7 @@ class ClusterSpec:
             "oversubscribed_message_cpu_s": self.oversubscribed_message_cpu_s,
             "collective_wait_s": self.collective_wait_s,
             "collective_busy_cpu_s_per_byte": self.collective_busy_cpu_s_per_byte,
+            "collective_core_share": self.collective_core_share,
         }
 
     def describe(self) -> str:

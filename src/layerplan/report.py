@@ -182,7 +182,9 @@ def print_cluster(c) -> None:
                  f"; each collective call adds {units.format_seconds(c.collective_wait_s)} to a step")
               + ("" if c.collective_busy_cpu_s_per_byte is None else
                  f"; a collective's bytes beside its ranks' compute take {1e9 * c.collective_busy_cpu_s_per_byte:.1f} ns "
-                 "of CPU each"))
+                 "of CPU each")
+              + ("" if c.collective_core_share is None else
+                 f"; a collective's thread keeps at most {c.collective_core_share:.2f} of a core a rank busy"))
     console().print(t)
 
 

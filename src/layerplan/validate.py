@@ -547,7 +547,8 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
     replaces the calibration's; where it has the link's measured payload rate
     (``link_payload_bytes_per_s``), that over the line rate is the link's efficiency; where it has
     the link measured both ways at once (``link_duplex``), ``duplex_efficiency`` fits it (and,
-    where it has the CPU of both, ``reduce_cpu_s_per_byte`` replaces the calibration's); where it
+    where it has the CPU of both, ``reduce_cpu_s_per_byte`` replaces the calibration's, and where
+    the engine has that all-reduce bound by its CPU, ``collective_core_share``); where it
     has flows from one host measured (``link_flow_lead``), its ``flow_lead_bytes``; where it has a
     ring's bytes measured beside its ranks' compute (``link_busy_cpu_s_per_byte``), the
     collectives' ``collective_busy_cpu_s_per_byte``; where it has
@@ -568,8 +569,11 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         red = reduce_cpu_s_per_byte(row["link_duplex"], row.get("link_cpu_s_per_byte"))
         if red is not None:  # the reduction's CPU as this path costs it (before the duplex fit, which uses it)
             cluster = replace(cluster, reduce_cpu_s_per_byte=red)
+        share = collective_core_share(row["link_duplex"], cluster)
         cluster = replace(cluster, nic=replace(cluster.nic, duplex_efficiency=duplex_efficiency(row["link_duplex"],
                                                                                                  cluster)))
+        if share is not None:  # a ring its CPU bounds: its threads' share of a core
+            cluster = replace(cluster, collective_core_share=share)
     busy = row.get("link_busy_cpu_s_per_byte") if calibrated else None
     busy_charged = busy is not None and busy >= BUSY_RING_APART * idle_collective_cpu_s_per_byte(cluster, reduces=True)
     if busy_charged:
@@ -594,6 +598,7 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         "link_efficiency": cluster.nic.efficiency, "link_duplex_efficiency": cluster.nic.duplex_efficiency,
         "link_flow_lead_bytes": cluster.nic.flow_lead_bytes,
         "link_busy_charged": busy_charged if busy is not None else None,
+        "link_core_share": cluster.collective_core_share,
         # the engine's shared cores busy (its load over the capacity) as cores of CPU time, as the run counts them
         "predicted_cpu_cores": pred["utilization"]["shared cores"] * cluster.shared_cores
         if cluster.shared_cores and "shared cores" in pred["utilization"] else None,
@@ -1100,6 +1105,39 @@ alexnet_cifar at 10 Gbit/s fell in such an episode, 30-60% slower than the rows'
 the rows not run again — their first runs kept alone — were named the measured best."""
 RERUN_SHARE = 0.1
 """The share of a budget's row time (``--budget``) kept for those second runs."""
+
+
+CPU_BOUND_RING = 1.05
+"""The link's all-reduce is bound by its CPU where the engine, at full duplex, has it take this much
+longer than its bytes alone on the link would (``collective_core_share``)."""
+
+
+def collective_core_share(m: dict, cluster: hardware.ClusterSpec) -> float | None:
+    """``ClusterSpec.collective_core_share`` from ``emulate.measure_duplex``'s all-reduce of 2 hosts:
+    the machine's busy CPU over its time, per host — where the engine (full duplex, no such share)
+    has that ring bound by its CPU (``CPU_BOUND_RING``): the cores, not the link, set its pace, and
+    what they give it is what its threads keep busy. None where the link bounds it (its threads wait
+    on the wire and their share says nothing), where the measurement has no CPU figure, or where
+    the ring kept a whole core a host busy.
+
+    Measured at 10 Gbit/s (vf136): 256 MiB in 0.357 s with 0.54 s of both hosts' CPU, 0.76 of a core
+    a host, where the engine had the 2 cores bound it at 0.297 s (1.92 cores' worth). The hybrid
+    strategy's conv all-reduce of vgg16_cifar at 2 workers, on idle cores after the backward, ran
+    84-108 ms against 68-76 predicted in vf132-vf136, and every 2-worker row at 10 Gbit/s ran a
+    median 5% slow of the model."""
+    from layerplan.cost.engine import Collective, StepGraph, simulate
+
+    if m.get("allreduce_cpu_s") is None or not m.get("allreduce_s") or not m.get("bytes"):
+        return None
+    full = replace(cluster, nodes=2, collective_core_share=None, nic=replace(cluster.nic, duplex_efficiency=1.0))
+    ring = StepGraph(groups={"w": 2}, samples_per_step=1, tasks=(
+        Collective(name="allreduce", group="w", scheme="ring", bytes=m["bytes"]),))
+    wire = simulate(ring, replace(full, comm_cpu_s_per_byte=0.0, reduce_cpu_s_per_byte=0.0,
+                                  collective_busy_cpu_s_per_byte=None)).step_time_s
+    if simulate(ring, full).step_time_s < CPU_BOUND_RING * wire:
+        return None
+    share = m["allreduce_cpu_s"] / (2.0 * m["allreduce_s"])
+    return share if 0 < share < 1 else None
 
 
 def duplex_efficiency(m: dict, cluster: hardware.ClusterSpec) -> float:
@@ -1769,6 +1807,8 @@ def print_summary(doc: dict, con=None) -> None:
                         f" (under {BUSY_RING_APART:g}× the idle-core charge: not charged)"
                         if r.get("link_busy_charged") is False else "")
                      if r.get("link_busy_cpu_s_per_byte") is not None else "")
+                  + (f", a ring its CPU bounds keeps {r['link_core_share']:.2f} of a core a rank busy"
+                     if r.get("link_core_share") else "")
                   + (f"; measured {len(r['link_tries'])} times" + link_tries_said(r) if len(r.get("link_tries") or ()) > 1
                      else ""))
     if s.get("best_among_close_fraction") is not None and s["best_match_fraction"] is not None \

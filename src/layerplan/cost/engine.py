@@ -785,6 +785,7 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
         payload: dict[str, float] = {}
         links: dict[str, float] = {}
         work = cpu_threads = 0.0
+        cpu_cap = math.inf
         if isinstance(t, Compute):
             amount = work = float(t.seconds)
             coefs.append((res.dev[t.group], 1.0))  # processor sharing of the node's device
@@ -851,6 +852,8 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
                     if cpu > 0:
                         coefs.append((res.cores, cpu / amount))
                         threads = float(n)
+                        if cluster.collective_core_share is not None:  # each rank's thread: at most that share of a core
+                            cpu_cap = cluster.collective_core_share * threads * amount / cpu
             if n > 1:
                 sent[t.group] = cost.total_bytes
                 recv[t.group] = cost.total_bytes
@@ -871,13 +874,13 @@ def _compile(tasks: Sequence[Task], its: Sequence[int], groups: Mapping[str, int
         acts.append(_Act(index=i, name=t.name, iteration=its[i], latency=latency, amount=amount, coefs=coefs,
                          queue=t.queue, rows=_groups_of(t), tag=t.tag, sent=sent, recv=recv, payload=payload, links=links,
                          network=_is_network(t), nic_group=nic_group, cap=cap, threads=threads,
-                         contested_cpu=contested_cpu, work=work, cpu_threads=cpu_threads,
+                         contested_cpu=contested_cpu, cpu_cap=cpu_cap, work=work, cpu_threads=cpu_threads,
                          scale=scale if 0 < scale < math.inf else 1.0))
     if speeds is not None and res.cores is not None:  # the mean field: a message's threads at their mean speed
         for a in acts:
             c = next((c for r, c in a.coefs if r == res.cores), 0.0)
             if a.network and c > 0 and a.threads > 0:
-                a.cpu_cap = a.threads * speeds.network / c
+                a.cpu_cap = min(a.cpu_cap, a.threads * speeds.network / c)
     for a, t in zip(acts, tasks):
         a.deps = [index[d] for d in t.deps]
         a.waiting = len(a.deps)
