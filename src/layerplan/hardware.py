@@ -461,7 +461,7 @@ class ClusterSpec:
     in between, so where its bytes' CPU bounds it, it runs at this share of a core a rank even with
     the cores free. ``validate`` fits it per rate from the link's all-reduce of 2 hosts, where the
     model's ring is bound by its CPU: the machine's busy CPU over the all-reduce's time, per host
-    (here at 10 Gbit/s 0.73-0.76 of a core: 256 MiB in 0.36 s with 0.54 s of CPU, where the engine
+    (here at 10 Gbit/s 0.69-0.77 of a core: 256 MiB in 0.36 s with 0.54 s of CPU, where the engine
     had it bound by the 2 cores at 0.30 s). None: no bound but the cores' share."""
 
     def __post_init__(self) -> None:
