@@ -307,3 +307,21 @@ def test_a_clusters_busy_ring_cost_is_checked_and_kept():
     for bad in (0.0, 1.5, float("nan"), True):
         with pytest.raises(SpecError, match="collective_core_share"):
             replace(c, collective_core_share=bad)
+
+
+def test_the_cluster_table_says_what_a_collectives_cpu_costs(monkeypatch):
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from layerplan import report
+
+    out = io.StringIO()
+    monkeypatch.setattr(report, "_CONSOLE", Console(file=out, width=400))
+    c = hardware.cluster("local-cpu", nodes=2, shared_cores=2)
+    report.print_cluster(c)
+    assert "of a core a rank busy" not in out.getvalue() and "beside its ranks' compute" not in out.getvalue()
+    report.print_cluster(replace(c, collective_busy_cpu_s_per_byte=2e-9, collective_core_share=0.73))
+    assert "a collective's bytes beside its ranks' compute take 2.0 ns of CPU each" in out.getvalue()
+    assert "a collective's thread keeps at most 0.73 of a core a rank busy" in out.getvalue()
