@@ -625,6 +625,8 @@ def test_a_ring_its_cpu_bounds_keeps_the_share_of_a_core_its_threads_measured():
     bound = validate.prediction({**h, "link_duplex": m}, emu3, cal)
     assert bound["predicted_step_s"] > free["predicted_step_s"]
     assert bound["link_core_share"] == pytest.approx(0.54 / (2 * 0.357)) and free["link_core_share"] is None
+    # the duplex fit, made with the share in place, finds the all-reduce's time explained: no duplex loss
+    assert bound["link_duplex_efficiency"] > 0.97
 
 
 def test_the_predicted_best_is_named_at_one_speed_not_at_each_rows_pace():

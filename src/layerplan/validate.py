@@ -570,10 +570,10 @@ def prediction(row: dict, emu, calibrated: hardware.ClusterSpec | None) -> dict[
         if red is not None:  # the reduction's CPU as this path costs it (before the duplex fit, which uses it)
             cluster = replace(cluster, reduce_cpu_s_per_byte=red)
         share = collective_core_share(row["link_duplex"], cluster)
+        if share is not None:  # a ring its CPU bounds: its threads' share of a core (before the duplex fit, which uses it)
+            cluster = replace(cluster, collective_core_share=share)
         cluster = replace(cluster, nic=replace(cluster.nic, duplex_efficiency=duplex_efficiency(row["link_duplex"],
                                                                                                  cluster)))
-        if share is not None:  # a ring its CPU bounds: its threads' share of a core
-            cluster = replace(cluster, collective_core_share=share)
     busy = row.get("link_busy_cpu_s_per_byte") if calibrated else None
     busy_charged = busy is not None and busy >= BUSY_RING_APART * idle_collective_cpu_s_per_byte(cluster, reduces=True)
     if busy_charged:
@@ -1125,13 +1125,12 @@ def collective_core_share(m: dict, cluster: hardware.ClusterSpec) -> float | Non
     strategy's conv all-reduce of vgg16_cifar at 2 workers, on idle cores after the backward, ran
     84-108 ms against 68-76 predicted in vf132-vf136, and every 2-worker row at 10 Gbit/s ran a
     median 5% slow of the model."""
-    from layerplan.cost.engine import Collective, StepGraph, simulate
+    from layerplan.cost.engine import simulate
 
     if m.get("allreduce_cpu_s") is None or not m.get("allreduce_s") or not m.get("bytes"):
         return None
     full = replace(cluster, nodes=2, collective_core_share=None, nic=replace(cluster.nic, duplex_efficiency=1.0))
-    ring = StepGraph(groups={"w": 2}, samples_per_step=1, tasks=(
-        Collective(name="allreduce", group="w", scheme="ring", bytes=m["bytes"]),))
+    ring = _link_ring(m["bytes"])
     wire = simulate(ring, replace(full, comm_cpu_s_per_byte=0.0, reduce_cpu_s_per_byte=0.0,
                                   collective_busy_cpu_s_per_byte=None)).step_time_s
     if simulate(ring, full).step_time_s < CPU_BOUND_RING * wire:
@@ -1140,18 +1139,26 @@ def collective_core_share(m: dict, cluster: hardware.ClusterSpec) -> float | Non
     return share if 0 < share < 1 else None
 
 
+def _link_ring(nbytes: float):
+    """``emulate.measure_duplex``'s all-reduce as the engine runs it: a ring of ``nbytes`` over 2 hosts."""
+    from layerplan.cost.engine import Collective, StepGraph
+
+    return StepGraph(groups={"w": 2}, samples_per_step=1, tasks=(
+        Collective(name="allreduce", group="w", scheme="ring", bytes=nbytes),))
+
+
 def duplex_efficiency(m: dict, cluster: hardware.ClusterSpec) -> float:
     """The link's ``duplex_efficiency`` from ``emulate.measure_duplex``'s message and all-reduce
     of the same bytes: how much more slowly the all-reduce ran against the message than the engine
-    (full duplex, with the cluster's CPU cost of moving bytes) predicts they would. At 10 Gbit/s
-    both are CPU-bound and the engine's CPU model already explains the all-reduces' extra time."""
-    from layerplan.cost.engine import Collective, StepGraph, Transfer, simulate
+    (full duplex, with the cluster's CPU cost of moving bytes and its collectives' share of a core,
+    ``collective_core_share``) predicts they would. At 10 Gbit/s both are CPU-bound, the share
+    explains the all-reduce's extra time and the fit reads about 1."""
+    from layerplan.cost.engine import StepGraph, Transfer, simulate
 
     full = replace(cluster, nodes=2, nic=replace(cluster.nic, duplex_efficiency=1.0))
     one = StepGraph(groups={"a": 1, "b": 1}, samples_per_step=1, tasks=(
         Transfer(name="message", src="a", dst="b", bytes_per_flow=m["bytes"], pattern="spread"),))
-    ring = StepGraph(groups={"w": 2}, samples_per_step=1, tasks=(
-        Collective(name="allreduce", group="w", scheme="ring", bytes=m["bytes"]),))
+    ring = _link_ring(m["bytes"])
     predicted = simulate(one, full).step_time_s / simulate(ring, full).step_time_s
     return min(1.0, max(0.5, (m["p2p_s"] / m["allreduce_s"]) / predicted))
 
