@@ -658,3 +658,19 @@ def test_conv_model_server_puts_one_groups_pull_on_its_link_at_a_time():
     assert srv.pulling is None
     srv._pull(1)  # the link is free: at once
     assert sent[-1] == 1
+
+
+def test_set_grads_makes_the_gradients_views_of_the_flat_vector():
+    """``set_grads`` gives each parameter its slice of the reduced flat gradient without a copy (a
+    copy into fresh memory each step costs its page faults), and ``flat_grads`` gathers them back."""
+    from layerplan.runtime.roles import flat_grads, set_grads
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    params = list(model.parameters())
+    flat = torch.arange(sum(p.numel() for p in params), dtype=torch.float32)
+    set_grads(params, flat)
+    assert all(p.grad.shape == p.shape for p in params)
+    assert torch.equal(flat_grads(params), flat)
+    assert all(p.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for p in params)
+    torch.optim.SGD(params, lr=0.1, momentum=0.9).step()  # the optimizer takes views as any gradient
+    assert torch.equal(flat_grads(params), flat)  # and leaves them as they were

@@ -563,3 +563,45 @@ def test_hybrid_partitioned_block_takes_its_slice_of_the_whole_layer():
     assert fwd_s(net, layers, c, g) / n_f < fwd_s(net, layers, c, g // n_f)  # the fixed term is split too
     repl = strategies.predict(net, c, "hybrid", s.Config(conv_workers=n_c, fc_workers=n_f, replicate=("f1",)), b)
     assert took(repl, "fwd_f1") == pytest.approx(fwd_s(net, layers, c, g // n_f))
+
+
+def test_workers_that_move_flat_gradients_are_charged_their_copies():
+    """A worker that pushes or all-reduces its gradient as one flat vector gathers it first, and
+    one that pulls its parameters copies them into its model (runtime/roles: ``flat_grads``,
+    ``set_params``): one copy each (a read and a write) at the update's bandwidth; a flat gradient
+    reduced becomes the gradients as views of it (``set_grads``), no copy."""
+    from layerplan.strategies.base import copy_s
+
+    net, b, c = net_fc_heavy(), 8, ideal(8)
+    bw = c.device.update_bytes_per_s(net.param_bytes)
+    assert copy_s(1e6, c, passes=2, model_bytes=net.param_bytes) == pytest.approx(4e6 / bw)
+    assert copy_s(0, c) == 0.0
+    p_c, p_f = param_bytes(net.conv_layers), param_bytes(net.fc_layers)
+
+    def tasks(name, cfg):
+        return {t.name: t for t in strategies.get(name).schedule(net, c, cfg, b).tasks}
+
+    ps = tasks("ps", strategies.get("ps").Config(workers=2, servers=1))
+    worker = [t for n, t in ps.items() if n.startswith("fwd_bwd")]
+    sets = [t for n, t in ps.items() if n.startswith("set_params")]
+    assert worker and len(sets) == len(worker)
+    assert worker[0].seconds == pytest.approx(fwd_s(net, net.layers, c, b) + bwd_s(net, net.layers, c, b) + copy_s(net.param_bytes, c))
+    assert all(t.seconds == pytest.approx(copy_s(net.param_bytes, c)) and t.deps[0].startswith("pull") for t in sets)
+
+    hybrid = strategies.get("hybrid")
+    for n_c, copied in ((3, copy_s(p_c, c)), (1, 0.0)):
+        t = tasks("hybrid", hybrid.Config(conv_workers=n_c, fc_workers=1))
+        assert t["conv_bwd"].seconds == pytest.approx(bwd_s(net, net.conv_layers, c, b) + copied)
+
+    graph = strategies.get("groups").schedule(net, c, strategies.get("groups").Config(machines=4, groups=2), b)
+    g = {t.name: t for t in graph.build(0)}  # built per iteration
+    fwd = next(t for n, t in g.items() if "conv_fwd" in n)
+    bwd = next(t for n, t in g.items() if "conv_bwd" in n)
+    assert fwd.seconds == pytest.approx(fwd_s(net, net.conv_layers, c, b) + copy_s(p_c, c))
+    assert bwd.seconds == pytest.approx(bwd_s(net, net.conv_layers, c, b) + copy_s(p_c, c))
+    ralp = strategies.get("ralp")
+    cfg = ralp.Config(workers=2, split="p2")
+    p_head = param_bytes(net.head(cfg.split))
+    r = tasks("ralp", cfg)
+    assert [t.seconds for n, t in r.items() if n.startswith("set_params")] == pytest.approx([copy_s(p_head, c)] * 2)
+    assert r["head_bwd@worker0"].seconds == pytest.approx(bwd_s(net, net.head(cfg.split), c, b) + copy_s(p_head, c))

@@ -23,7 +23,7 @@ from layerplan.cost.engine import Collective, Compute, StepGraph
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
 from layerplan.errors import ConfigError
-from layerplan.strategies.base import Strategy, bwd_s, fwd_s, require_nodes, require_positive, update_s
+from layerplan.strategies.base import Strategy, bwd_s, copy_s, fwd_s, require_nodes, require_positive, update_s
 
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # torch DDP: the first bucket is capped at 1 MiB
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
@@ -136,7 +136,7 @@ def ddp_copy_s(nbytes: float, model_bytes: float, cluster: ClusterSpec, passes: 
     bytes of traffic a step. Measured here with one process, where the all-reduce is nothing:
     DDP's step of vgg16_cifar (135 MB of parameters) 27 ms longer than the plain step (this
     accounts 21 ms), of resnet_cifar (1 MB) no longer."""
-    return 2.0 * passes * nbytes / cluster.device.update_bytes_per_s(model_bytes)
+    return copy_s(nbytes, cluster, passes, model_bytes)
 
 
 def buckets(net: NetSpec, bucket_bytes: int, layers=None) -> list[list]:

@@ -167,6 +167,18 @@ def update_s(param_bytes: float, cluster: ClusterSpec, gradients_summed: int = 1
             + sum_passes(gradients_summed, averaged=averaged, copied=copied) * param_bytes / dev.sum_bytes_per_s(param_bytes))
 
 
+def copy_s(nbytes: float, cluster: ClusterSpec, passes: int = 1, model_bytes: float | None = None) -> float:
+    """Memory time of ``passes`` copies of ``nbytes`` (each a read and a write of them) at the
+    bandwidth an update of ``model_bytes`` (default ``nbytes``) sees — PALEO §3.1.1's R + W terms,
+    as ``update_s``. A worker that sends or all-reduces its gradient as one flat vector gathers it
+    first (``runtime.roles.flat_grads``: one copy), and one that receives its parameters so copies
+    them into its model (``runtime.roles.set_params``: one copy); a flat gradient received or
+    reduced becomes the parameters' gradients as views of it (``set_grads``: no copy)."""
+    if nbytes <= 0:
+        return 0.0
+    return 2.0 * passes * nbytes / cluster.device.update_bytes_per_s(model_bytes or nbytes)
+
+
 def param_bytes(layers: Sequence[LayerSpec]) -> int:
     return sum(layer.param_bytes for layer in layers)
 

@@ -47,7 +47,7 @@ from layerplan.cost.engine import Compute, StepGraph, Transfer, iteration_name
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
-from layerplan.strategies.base import (Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive,
+from layerplan.strategies.base import (Strategy, bwd_s, copy_s, fwd_s, param_bytes, require_nodes, require_positive,
                                        stagger_groups, update_s)
 
 ROUNDS = 8  # unrolled rounds (each group one iteration per round); the second half is measured
@@ -197,8 +197,10 @@ class Groups(Strategy):
         g, k = config.groups, config.machines // config.groups
         act = net.boundary_bytes * batch
         p_c, p_f = param_bytes(net.conv_layers), param_bytes(net.fc_layers)
-        t_cf = fwd_s(net, net.conv_layers, cluster, batch)
-        t_cb = bwd_s(net, net.conv_layers, cluster, batch)
+        # a group's machine copies the pulled conv model into its own before the forward, and gathers
+        # its gradient flat after the backward to push it (runtime/roles/groups.py)
+        t_cf = fwd_s(net, net.conv_layers, cluster, batch) + copy_s(p_c, cluster)
+        t_cb = bwd_s(net, net.conv_layers, cluster, batch) + copy_s(p_c, cluster)
         t_fc = fwd_s(net, net.fc_layers, cluster, k * batch) + bwd_s(net, net.fc_layers, cluster, k * batch)
         lag = 2 if config.pipelined else 1
         # One group alone: the conv model server's k pulls leave its NIC together and, while they are

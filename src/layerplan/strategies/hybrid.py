@@ -30,7 +30,7 @@ from layerplan.cost.engine import Collective, Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import LayerSpec, NetSpec
-from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
+from layerplan.strategies.base import Strategy, bwd_s, copy_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
 
 MAX_ENUMERATED_FC_LAYERS = 4
 
@@ -295,8 +295,10 @@ class Hybrid(Strategy):
             fc, tail = blocks[bi]
             need, out, in_bytes = layouts[bi]
             layers = [fc, *tail]
-            add(Compute(name=f"bwd_{fc.name}", group="fc", seconds=block_s(bwd_s, layers, need == "batch"), deps=(last,)))
-            if need == "batch" and n_f > 1 and fc.param_bytes:
+            reduced = need == "batch" and n_f > 1 and fc.param_bytes
+            add(Compute(name=f"bwd_{fc.name}", group="fc", deps=(last,),  # a reduced block's gradient gathered flat
+                        seconds=block_s(bwd_s, layers, need == "batch") + (copy_s(param_bytes(layers), cluster) if reduced else 0.0)))
+            if reduced:
                 fc_reduces.append(Collective(name=f"allreduce_{fc.name}", group="fc", scheme="ring",
                                              bytes=param_bytes(layers), deps=(last,)))
             prev_layout = "conv" if bi == 0 else layouts[bi - 1][1]
@@ -307,8 +309,9 @@ class Hybrid(Strategy):
                 move(grad_from, prev_layout, in_bytes, backward=True)
         tasks += fc_reduces
         grads_at_conv = last
-        tasks.append(Compute(name="conv_bwd", group="conv", seconds=bwd_s(net, net.conv_layers, cluster, batch),
-                             deps=(grads_at_conv,)))
+        p_conv = param_bytes(net.conv_layers)
+        tasks.append(Compute(name="conv_bwd", group="conv", deps=(grads_at_conv,),  # the gradient gathered flat (n_c > 1)
+                             seconds=bwd_s(net, net.conv_layers, cluster, batch) + (copy_s(p_conv, cluster) if n_c > 1 else 0.0)))
         conv_done = "conv_bwd"
         if n_c > 1:
             tasks.append(Collective(name="conv_allreduce", group="conv", scheme="ring",

@@ -16,7 +16,7 @@ from layerplan.cost.engine import Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
-from layerplan.strategies.base import (LEAD_ROUNDS, Strategy, bwd_s, fwd_s, require_nodes, require_positive,
+from layerplan.strategies.base import (LEAD_ROUNDS, Strategy, bwd_s, copy_s, fwd_s, require_nodes, require_positive,
                                        stagger_groups, update_s)
 
 
@@ -75,7 +75,10 @@ class PS(Strategy):
         self.check(net, cluster, config)
         n_w, n_s = config.workers, config.servers
         shard = net.param_bytes / n_s
-        t_compute = fwd_s(net, net.layers, cluster, batch) + bwd_s(net, net.layers, cluster, batch)
+        # the worker gathers its gradient flat to push it, and copies the pulled parameters into its
+        # model (runtime/roles/ps.py)
+        t_compute = fwd_s(net, net.layers, cluster, batch) + bwd_s(net, net.layers, cluster, batch) + copy_s(net.param_bytes, cluster)
+        t_set = copy_s(net.param_bytes, cluster)
         t_update = update_s(shard, cluster, gradients_summed=n_w, averaged=True)  # runtime/roles/ps.py
         counts = stagger_groups(n_w)
         shares = cluster.nic.stagger_shares(shard, counts)
@@ -85,6 +88,7 @@ class PS(Strategy):
                 Transfer(name="push", src="worker", dst="server", bytes_per_flow=shard, pattern="all_to_all", deps=("fwd_bwd",)),
                 Compute(name="update", group="server", seconds=t_update, deps=("push",)),
                 Transfer(name="pull", src="server", dst="worker", bytes_per_flow=shard, pattern="all_to_all", deps=("update",)),
+                Compute(name="set_params", group="worker", seconds=t_set, deps=("pull",)),
             ]
             return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=n_w * batch)
         # A server's n_w pulls leave its NIC together, and TCP does not share it evenly while they
@@ -95,11 +99,12 @@ class PS(Strategy):
         names = {f"worker{j}": c for j, c in enumerate(counts)}
         tasks = []
         for w in names:
-            tasks += [Compute(name=f"fwd_bwd@{w}", group=w, seconds=t_compute, deps=(f"prev/pull@{w}",)),
+            tasks += [Compute(name=f"fwd_bwd@{w}", group=w, seconds=t_compute, deps=(f"prev/set_params@{w}",)),
                       Transfer(name=f"push@{w}", src=w, dst="server", bytes_per_flow=shard, pattern="all_to_all",
                                deps=(f"fwd_bwd@{w}",))]
         tasks.append(Compute(name="update", group="server", seconds=t_update, deps=tuple(f"push@{w}" for w in names)))
         tasks += [Transfer(name=f"pull@{w}", src="server", dst=w, bytes_per_flow=shard, pattern="all_to_all", deps=("update",),
                            share=share) for w, share in zip(names, shares)]
+        tasks += [Compute(name=f"set_params@{w}", group=w, seconds=t_set, deps=(f"pull@{w}",)) for w in names]
         return StepGraph(groups=names | {"server": n_s}, tasks=tuple(tasks), samples_per_step=n_w * batch,
                          iterations=LEAD_ROUNDS, report_as=dict.fromkeys(names, "worker"))

@@ -18,7 +18,7 @@ from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
 from layerplan.plan import ralp as profiler
-from layerplan.strategies.base import LEAD_ROUNDS, Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
+from layerplan.strategies.base import LEAD_ROUNDS, Strategy, bwd_s, copy_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
 
 
 WAVES = 8
@@ -123,7 +123,10 @@ class Ralp(Strategy):
         t_tail = fwd_s(net, tail, cluster, batch) + bwd_s(net, tail, cluster, batch)
         waves = [n_w // min(n_w, WAVES) + (j < n_w % min(n_w, WAVES)) for j in range(min(n_w, WAVES))]
         names = [f"worker{j}" for j in range(len(waves))]
-        t_fwd, t_bwd = fwd_s(net, head, cluster, batch), bwd_s(net, head, cluster, batch)
+        # a worker gathers its head's gradient flat to push it, and copies the pulled head into its
+        # model (runtime/roles/ralp.py)
+        t_fwd, t_bwd = fwd_s(net, head, cluster, batch), bwd_s(net, head, cluster, batch) + copy_s(p_head, cluster)
+        t_set = copy_s(p_head, cluster)
         # The PS worker's pulls leave its NIC together: where TCP does not share it evenly among
         # short flows (LinkSpec.flow_lead_bytes), they arrive one after another
         # (LinkSpec.stagger_shares) and each worker starts its next step as its own is in, which
@@ -141,7 +144,7 @@ class Ralp(Strategy):
         tasks = []
         for j, w in enumerate(names):
             tasks += [
-                Compute(name=f"head_fwd@{w}", group=w, seconds=t_fwd, deps=(f"prev/pull_head@{w}",) if prev else ()),
+                Compute(name=f"head_fwd@{w}", group=w, seconds=t_fwd, deps=(f"prev/set_params@{w}",) if prev else ()),
                 Transfer(name=f"activations@{w}", src=w, dst="ps", bytes_per_flow=act, pattern="spread",
                          deps=(f"head_fwd@{w}",)),
                 Compute(name=f"tail_fwd_bwd@{w}", group="ps", seconds=waves[j] * t_tail,
@@ -157,6 +160,7 @@ class Ralp(Strategy):
                              deps=(f"tail_fwd_bwd@{names[-1]}",) + tuple(f"push_head@{w}" for w in names)))
         tasks += [Transfer(name=f"pull_head@{w}", src="ps", dst=w, bytes_per_flow=p_head, pattern="broadcast",
                            deps=("update",), share=shares[j]) for j, w in enumerate(names)]
+        tasks += [Compute(name=f"set_params@{w}", group=w, seconds=t_set, deps=(f"pull_head@{w}",)) for w in names]
         groups = dict(zip(names, waves)) | {"ps": 1}
         return StepGraph(groups=groups, tasks=tuple(tasks), samples_per_step=n_w * batch, iterations=LEAD_ROUNDS if prev else 1,
                          report_as=dict.fromkeys(names, "worker"))

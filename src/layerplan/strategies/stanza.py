@@ -26,7 +26,7 @@ from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
 from layerplan.strategies.allreduce import DDP_BUCKET_BYTES, bucket_deps, buckets, buckets_in_flight, ddp_copy_s
-from layerplan.strategies.base import Strategy, bwd_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
+from layerplan.strategies.base import Strategy, bwd_s, copy_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,15 +123,16 @@ class Stanza(Strategy):
             # cold; so do the CONV workers for the gradients (Transfer.meets, Transfer.wakes)
             Transfer(name="activations", src="conv", dst="fc", bytes_per_flow=act, pattern="spread", deps=("conv_fwd",),
                      meets=True, wakes=True),
-            Compute(name="fc_fwd_bwd", group="fc", deps=("activations",),
-                    seconds=fwd_s(net, net.fc_layers, cluster, fc_batch) + bwd_s(net, net.fc_layers, cluster, fc_batch)),
+            Compute(name="fc_fwd_bwd", group="fc", deps=("activations",),  # the gradient gathered flat (n_f > 1)
+                    seconds=fwd_s(net, net.fc_layers, cluster, fc_batch) + bwd_s(net, net.fc_layers, cluster, fc_batch)
+                    + (copy_s(p_f, cluster) if n_f > 1 else 0.0)),
             Transfer(name="act_grads", src="fc", dst="conv", bytes_per_flow=act, pattern="broadcast", deps=("fc_fwd_bwd",),
                      wakes=True),
         ]
         bucket_bytes = getattr(config, "bucket_bytes", 0)
         if bucket_bytes <= 0:
-            tasks.append(Compute(name="conv_bwd", group="conv", seconds=bwd_s(net, net.conv_layers, cluster, batch),
-                                 deps=("act_grads",)))
+            tasks.append(Compute(name="conv_bwd", group="conv", deps=("act_grads",),  # the gradient gathered flat (n_c > 1)
+                                 seconds=bwd_s(net, net.conv_layers, cluster, batch) + (copy_s(p_c, cluster) if n_c > 1 else 0.0)))
             conv_done: tuple[str, ...] = ("conv_bwd",)
             if n_c > 1:
                 tasks.append(Collective(name="conv_allreduce", group="conv", scheme=allreduce_scheme(config), bytes=p_c,
