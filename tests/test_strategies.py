@@ -104,11 +104,11 @@ def test_ddp_moves_every_gradient_through_its_bucket():
     the reducer copies it back: 6·P bytes of memory traffic a step at the update's bandwidth (4·P
     with one worker: nothing to divide by), the copy back after the last all-reduce; Stanza's CONV
     workers sum (no division) and only run DDP with someone to all-reduce with."""
-    from layerplan.strategies.allreduce import ddp_copy_s
+    from layerplan.strategies.base import copy_s
 
     net, b = net_fc_heavy(), 8
     bw = ideal(4).device.update_bytes_per_s(net.param_bytes)
-    assert ddp_copy_s(1e6, net.param_bytes, ideal(4), passes=3) == pytest.approx(6e6 / bw)
+    assert copy_s(1e6, ideal(4), passes=3, model_bytes=net.param_bytes) == pytest.approx(6e6 / bw)
     for w, passes in ((4, 3), (1, 2)):
         cfg = strategies.get("allreduce").Config(workers=w, bucket_bytes=0)
         graph = strategies.get("allreduce").schedule(net, ideal(w), cfg, b)

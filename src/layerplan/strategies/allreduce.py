@@ -5,8 +5,10 @@ ready, overlapping the rest of backward; as many bucket all-reduces run at once 
 has threads for them (``buckets_in_flight``: gloo 2, NCCL 1), later ones wait their turn. Before
 each forward, DDP broadcasts the model's buffers (BatchNorm statistics) from rank 0. DDP moves
 every gradient through its bucket: copied in as backward produces it, divided by the workers
-before the all-reduce, copied back to the parameter once every bucket is reduced
-(``ddp_copy_s``).
+before the all-reduce, copied back to the parameter once every bucket is reduced: 6·P bytes of
+memory traffic a step, each copy at the update's bandwidth (``base.copy_s``). Measured here with one
+process, where the all-reduce is nothing: DDP's step of vgg16_cifar (135 MB of parameters) 27 ms
+longer than the plain step (this accounts 21 ms), of resnet_cifar (1 MB) no longer.
 
 Algorithms: ring (Horovod, NCCL/gloo default for large buffers), tree and butterfly (PALEO §2),
 recursive doubling (Stanza §4), one-to-all (PALEO §2).
@@ -107,7 +109,7 @@ class Allreduce(Strategy):
             bwd = f"bwd{i}"
             nbytes = sum(layer.param_bytes for layer in layers)
             tasks.append(Compute(name=bwd, group="worker", deps=(prev_bwd,), seconds=bwd_s(net, layers, cluster, batch)
-                                 + ddp_copy_s(nbytes, net.param_bytes, cluster, passes=into)))
+                                 + copy_s(nbytes, cluster, passes=into, model_bytes=net.param_bytes)))
             prev_bwd = bwd
             if config.workers > 1 and nbytes > 0:
                 ar = f"allreduce{i}"
@@ -116,7 +118,7 @@ class Allreduce(Strategy):
                 started.append(ar)
         last = (prev_bwd, *started)
         tasks.append(Compute(name="unbucket", group="worker", deps=last,  # the buckets copied back to the gradients
-                             seconds=ddp_copy_s(net.param_bytes, net.param_bytes, cluster, passes=1)))
+                             seconds=copy_s(net.param_bytes, cluster)))
         tasks.append(Compute(name="update", group="worker", seconds=update_s(net.param_bytes, cluster), deps=("unbucket",)))
         return StepGraph(groups=self.roles(config), tasks=tuple(tasks), samples_per_step=config.workers * batch)
 
@@ -126,17 +128,6 @@ def buffer_calls(net: NetSpec) -> tuple[int, ...]:
     each dtype coalesced into one call (resnet_cifar: its float32 statistics and its int64 batch
     counters, two calls, as torch's process group counts them)."""
     return net.buffer_bytes_by_dtype or ((net.buffer_bytes,) if net.buffer_bytes else ())
-
-
-def ddp_copy_s(nbytes: float, model_bytes: float, cluster: ClusterSpec, passes: int) -> float:
-    """Memory time of ``passes`` passes over ``nbytes`` of gradients, each a read and a write, at the
-    bandwidth an update of the model's ``model_bytes`` sees (PALEO §3.1.1's R + W terms, as
-    ``update_s``). DDP's reducer copies each gradient into its bucket, the comm hook divides the
-    bucket, and once every bucket is reduced the reducer copies it back into the gradients: 6·P
-    bytes of traffic a step. Measured here with one process, where the all-reduce is nothing:
-    DDP's step of vgg16_cifar (135 MB of parameters) 27 ms longer than the plain step (this
-    accounts 21 ms), of resnet_cifar (1 MB) no longer."""
-    return copy_s(nbytes, cluster, passes, model_bytes)
 
 
 def buckets(net: NetSpec, bucket_bytes: int, layers=None) -> list[list]:

@@ -315,9 +315,9 @@ class Hybrid(Strategy):
         conv_done = "conv_bwd"
         if n_c > 1:
             tasks.append(Collective(name="conv_allreduce", group="conv", scheme="ring",
-                                    bytes=param_bytes(net.conv_layers), deps=("conv_bwd",)))
+                                    bytes=p_conv, deps=("conv_bwd",)))
             conv_done = "conv_allreduce"
-        tasks.append(Compute(name="conv_update", group="conv", seconds=update_s(param_bytes(net.conv_layers), cluster),
+        tasks.append(Compute(name="conv_update", group="conv", seconds=update_s(p_conv, cluster),
                              deps=(conv_done,)))
         fc_bytes = sum(param_bytes([fc, *tail]) / (1 if fc.name in config.replicate or n_f == 1 else n_f)
                        for fc, tail in blocks)

@@ -25,7 +25,7 @@ from layerplan.cost.engine import Collective, Compute, StepGraph, Transfer
 from layerplan.errors import ConfigError
 from layerplan.hardware import ClusterSpec
 from layerplan.netspec.spec import NetSpec
-from layerplan.strategies.allreduce import DDP_BUCKET_BYTES, bucket_deps, buckets, buckets_in_flight, ddp_copy_s
+from layerplan.strategies.allreduce import DDP_BUCKET_BYTES, bucket_deps, buckets, buckets_in_flight
 from layerplan.strategies.base import Strategy, bwd_s, copy_s, fwd_s, param_bytes, require_nodes, require_positive, update_s
 
 
@@ -147,7 +147,7 @@ class Stanza(Strategy):
                 nbytes = sum(layer.param_bytes for layer in layers)
                 # DDP copies each gradient into its bucket (summed, not divided: runtime/roles/stanza.py)
                 tasks.append(Compute(name=bwd, group="conv", deps=(prev_bwd,), seconds=bwd_s(net, layers, cluster, batch)
-                                     + (ddp_copy_s(nbytes, p_c, cluster, passes=1) if ddp else 0.0)))
+                                     + (copy_s(nbytes, cluster, model_bytes=p_c) if ddp else 0.0)))
                 prev_bwd = bwd
                 if n_c > 1 and nbytes > 0:
                     ar = f"conv_allreduce{i}"
@@ -157,7 +157,7 @@ class Stanza(Strategy):
             conv_done = (prev_bwd, *started)
             if ddp:  # and copies the buckets back to the gradients once every one is reduced
                 tasks.append(Compute(name="conv_unbucket", group="conv", deps=conv_done,
-                                     seconds=ddp_copy_s(p_c, p_c, cluster, passes=1)))
+                                     seconds=copy_s(p_c, cluster)))
                 conv_done = ("conv_unbucket",)
         tasks.append(Compute(name="conv_update", group="conv", seconds=update_s(p_c, cluster), deps=conv_done))
         fc_done = "fc_fwd_bwd"
