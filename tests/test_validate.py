@@ -50,6 +50,33 @@ def test_summary_statistics_follow_their_definitions():
     assert set(s["by_strategy"]) == {"ps", "allreduce", "stanza"}
 
 
+def test_the_efficiency_verdict_separates_rows_the_model_says_cannot_reach_the_target_from_misses():
+    """EFFICIENCY_TARGET: a row reaches it, or the model predicts it below it on this machine (its
+    bottleneck the reason, and how far its measurement lay from the model's figure), or the model
+    predicts it reaches it and it fell short: only those are misses. A row at 84.9% prints as 84%."""
+    import io
+
+    from rich.console import Console
+
+    def eff(model, strategy, meas, measured_eff, predicted_eff):
+        r = row(model, strategy, meas, meas)
+        return {**r, "lower_bound_s": predicted_eff * meas, "efficiency": measured_eff, "bottleneck": "shared cores"}
+
+    rows = [eff("a", "stanza", 1.0, 0.90, 0.88), eff("a", "allreduce", 1.2, 0.60, 0.66),  # reaches; predicted below
+            eff("b", "stanza", 1.0, 0.849, 0.90), eff("b", "allreduce", 1.1, 0.50, 0.47)]  # short; predicted below
+    v = validate.summarize(rows)["efficiency_verdict"]
+    assert (v["target"], v["rows"], v["reach"], v["predicted_below"], v["short"]) == (0.85, 4, 1, 2, 1)
+    assert v["points"] == pytest.approx(0.06)
+    out = io.StringIO()
+    validate.print_summary({"summary": validate.summarize(rows), "rows": rows, "skipped": []}, Console(file=out, width=400))
+    text = out.getvalue()
+    assert "1 of 4 rows reach 85%; 2 the model predicts below it on this machine (measured within 6.0 points" in text
+    assert "1 predicted to reach it fell short" in text
+    assert "stanza (b, 2 workers, 1Gbit): 84%, predicted 90% — shared cores — predicted to reach it: short" in text
+    assert "DDP (a, 2 workers, 1Gbit): 60%, predicted 66% — shared cores\n" in text
+    assert validate.efficiency_verdict([]) is None
+
+
 def test_scenarios_name_the_configurations_predicted_too_close_to_the_best_to_call():
     """Those predicted within the model's median |error| of the best: a measured best among them is
     counted apart (``best_among_close_fraction``), the strict verdict stays as it is."""
@@ -1164,6 +1191,21 @@ def test_a_link_measured_on_a_machine_unlike_its_rows_is_measured_again_after_th
                             progress=said.append, deadline=time.monotonic())
     assert readings == [after] and any("not measured again, for want of time" in s for s in said)
     assert all("link_again" not in r and r["link_cpu_s_per_byte"] == 22e-9 for r in doc["rows"])
+
+    # ... and the later rates' rows go first: 100 s before the limit leave room for the 70 s of
+    # LINK_AGAIN_S, but not once the next rate's (RATE_OVERHEAD_S and its rows) is counted (vq141)
+    alike = {**before, "probe": {"load_speed": 0.95, "memory_speed": 1.1}}
+    window_s = validate.LINK_AGAIN_S + 30.0
+    for rates, expect_again in ((("1Gbit",), True), (("1Gbit", "10Gbit"), False)):
+        readings, said = [before, after] if expect_again else [before, alike], []
+        steps.update(allreduce=[0.5] * 4, stanza=[0.4] * 4)
+        doc = validate.validate(replace(m, rates=rates, budget_s=window_s, limit_s=window_s), tmp_path,
+                                hardware.resolve_cluster("local-cpu"), speed_reference=29e9, load_reference=29e9,
+                                memory_reference=0.003, progress=said.append, deadline=time.monotonic() + window_s)
+        assert readings == []
+        first = [r for r in doc["rows"] if r["rate"] == "1Gbit"]
+        assert all(("link_again" in r) == expect_again for r in first), rates
+        assert any("not measured again, for want of time" in s for s in said) != expect_again
 
 
 def test_a_matrix_can_take_an_unsteady_link_once(monkeypatch):
