@@ -66,11 +66,11 @@ def test_the_efficiency_verdict_separates_rows_the_model_says_cannot_reach_the_t
             eff("b", "stanza", 1.0, 0.849, 0.90), eff("b", "allreduce", 1.1, 0.50, 0.47)]  # short; predicted below
     v = validate.summarize(rows)["efficiency_verdict"]
     assert (v["target"], v["rows"], v["reach"], v["predicted_below"], v["short"]) == (0.85, 4, 1, 2, 1)
-    assert v["points"] == pytest.approx(0.06)
+    assert v["max_difference"] == pytest.approx(0.06)
     out = io.StringIO()
     validate.print_summary({"summary": validate.summarize(rows), "rows": rows, "skipped": []}, Console(file=out, width=400))
     text = out.getvalue()
-    assert "1 of 4 rows reach 85%; 2 the model predicts below it on this machine (measured within 6.0 points" in text
+    assert "1 of 4 rows reach 85%; 2 the model predicts below it on this machine (measured within 6.0 percentage points" in text
     assert "1 predicted to reach it fell short" in text
     assert "stanza (b, 2 workers, 1Gbit): 84%, predicted 90% — shared cores — predicted to reach it: short" in text
     assert "DDP (a, 2 workers, 1Gbit): 60%, predicted 66% — shared cores\n" in text

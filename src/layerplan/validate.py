@@ -729,6 +729,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def summarize(rows: list[dict]) -> dict[str, Any]:
     errs = [abs(r["error"]) for r in rows]
+    effs = efficiencies(rows)
     preset = [abs(r["preset_error"]) for r in rows]
     speeds = [r["speed"] for r in rows if r.get("speed")]
     scenarios: dict[tuple, list[dict]] = {}
@@ -788,8 +789,8 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "max_choice_loss": max((b["choice_loss"] for b in best), default=None),
         "scenarios": best,
         "speedups": speedups(rows),
-        "efficiencies": efficiencies(rows),
-        "efficiency_verdict": efficiency_verdict(efficiencies(rows)),
+        "efficiencies": effs,
+        "efficiency_verdict": efficiency_verdict(effs),
         "by_strategy": by_strategy(rows),
     }
 
@@ -997,7 +998,8 @@ def efficiency_verdict(effs: list[dict]) -> dict[str, Any] | None:
     """The efficiency figure's verdict over ``efficiencies``: how many rows reach EFFICIENCY_TARGET;
     how many the model predicts below it on this machine (the issue's "if the model says a target
     cannot be met, show the prediction and the reason": each keeps its bottleneck), and how far
-    their measured efficiency lay from the model's (``points``: the largest difference); and how
+    their measured efficiency lay from the model's (``max_difference``: the largest, a share of the
+    lower bound as the efficiencies are; ×100 the percentage points printed); and how
     many the model predicts at the target or above that measured below it (``short``: the misses).
     None where there are no rows."""
     if not effs:
@@ -1006,7 +1008,7 @@ def efficiency_verdict(effs: list[dict]) -> dict[str, Any] | None:
     return {"target": EFFICIENCY_TARGET, "rows": len(effs),
             "reach": sum(e["measured"] >= EFFICIENCY_TARGET for e in effs),
             "predicted_below": len(below),
-            "points": max((abs(e["measured"] - e["predicted"]) for e in below), default=None),
+            "max_difference": max((abs(e["measured"] - e["predicted"]) for e in below), default=None),
             "short": sum(e["measured"] < EFFICIENCY_TARGET <= e["predicted"] for e in effs)}
 
 
@@ -1462,6 +1464,13 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     t_rows, deciding_s, planned_done_s = time.monotonic(), 0.0, 0.0
     # the deciding runs count to the command's limit (the rows were fitted to the budget, less)
     limit = None if deadline is None else deadline + max(0.0, (matrix.limit_s or 0.0) - (matrix.budget_s or 0.0))
+
+    def allowance_s(rate: str, done_s: float) -> float:
+        """Seconds the limit allows now besides the rates after ``rate`` (``decide_allowance_s``),
+        ``done_s`` of the rows' planned time behind."""
+        later = [planned_s[r] for r in matrix.rates[matrix.rates.index(rate) + 1:] if r in planned_s]
+        now = time.monotonic()
+        return decide_allowance_s(limit - now, now - t_rows - deciding_s, done_s, later, matrix.decide_s)
     for rate in matrix.rates:
         batch = [c for c in todo if c.rate == rate]
         if not batch:
@@ -1586,11 +1595,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             if track and link_tries and ran and (unsteady or apart):
                 why = (f"read at most {max(link_tries):.3f} of steady before its rows" if unsteady
                        else f"was measured on a machine unlike its rows' ({apart})")
-                now = time.monotonic()  # the command's limit first, the later rates' rows before it (vq141)
-                later = [planned_s[r] for r in matrix.rates[matrix.rates.index(rate) + 1:] if r in planned_s]
-                if limit is not None and decide_allowance_s(limit - now, now - t_rows - deciding_s,
-                                                            planned_done_s + planned_s.get(rate, 0.0), later,
-                                                            matrix.decide_s) < LINK_AGAIN_S:
+                # the command's limit first, the later rates' rows before it (vq141)
+                if limit is not None and allowance_s(rate, planned_done_s + planned_s.get(rate, 0.0)) < LINK_AGAIN_S:
                     if progress:
                         progress(f"the {rate} link {why}: not measured again, for want of time")
                 else:
@@ -1626,10 +1632,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             left_s += matrix.decide_s
             if limit is not None:  # behind the plan (a slow stretch of the machine): what the limit still allows
                 planned_done_s += planned_s.get(rate, 0.0)
-                later = [planned_s[r] for r in matrix.rates[matrix.rates.index(rate) + 1:] if r in planned_s]
-                now = time.monotonic()
-                left_s = min(left_s, decide_allowance_s(limit - now, now - t_rows - deciding_s, planned_done_s,
-                                                        later, matrix.decide_s))
+                left_s = min(left_s, allowance_s(rate, planned_done_s))
             t_decide = time.monotonic()
             for round_ in range(DECIDE_ROUNDS):
                 for scenario in sorted(dict.fromkeys(c.scenario for c in batch), key=lambda sc: gap(rows, sc)):
@@ -1868,7 +1871,8 @@ def print_summary(doc: dict, con=None) -> None:
         v = efficiency_verdict(effs)
         con.print(f"  stanza and DDP against their lower bound: {v['reach']} of {v['rows']} rows reach "
                   f"{EFFICIENCY_TARGET:.0%}; {v['predicted_below']} the model predicts below it on this machine"
-                  + (f" (measured within {100 * v['points']:.1f} points of the model's figure)" if v["points"] is not None
+                  + (f" (measured within {100 * v['max_difference']:.1f} percentage points of the model's figure)"
+                     if v["max_difference"] is not None
                      else "") + f"; {v['short']} predicted to reach it fell short"
                   + (". Each row below it, with the model's figure and bottleneck (the reason):"
                      if v["rows"] > v["reach"] else ""))

@@ -295,7 +295,7 @@ class Hybrid(Strategy):
             fc, tail = blocks[bi]
             need, out, in_bytes = layouts[bi]
             layers = [fc, *tail]
-            reduced = need == "batch" and n_f > 1 and fc.param_bytes
+            reduced = need == "batch" and n_f > 1 and fc.param_bytes > 0
             add(Compute(name=f"bwd_{fc.name}", group="fc", deps=(last,),  # a reduced block's gradient gathered flat
                         seconds=block_s(bwd_s, layers, need == "batch") + (copy_s(param_bytes(layers), cluster) if reduced else 0.0)))
             if reduced:

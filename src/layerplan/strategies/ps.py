@@ -76,9 +76,9 @@ class PS(Strategy):
         n_w, n_s = config.workers, config.servers
         shard = net.param_bytes / n_s
         # the worker gathers its gradient flat to push it, and copies the pulled parameters into its
-        # model (runtime/roles/ps.py)
-        t_compute = fwd_s(net, net.layers, cluster, batch) + bwd_s(net, net.layers, cluster, batch) + copy_s(net.param_bytes, cluster)
+        # model (runtime/roles/ps.py): one copy of its parameters' bytes each
         t_set = copy_s(net.param_bytes, cluster)
+        t_compute = fwd_s(net, net.layers, cluster, batch) + bwd_s(net, net.layers, cluster, batch) + t_set
         t_update = update_s(shard, cluster, gradients_summed=n_w, averaged=True)  # runtime/roles/ps.py
         counts = stagger_groups(n_w)
         shares = cluster.nic.stagger_shares(shard, counts)

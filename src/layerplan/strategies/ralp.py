@@ -124,9 +124,9 @@ class Ralp(Strategy):
         waves = [n_w // min(n_w, WAVES) + (j < n_w % min(n_w, WAVES)) for j in range(min(n_w, WAVES))]
         names = [f"worker{j}" for j in range(len(waves))]
         # a worker gathers its head's gradient flat to push it, and copies the pulled head into its
-        # model (runtime/roles/ralp.py)
-        t_fwd, t_bwd = fwd_s(net, head, cluster, batch), bwd_s(net, head, cluster, batch) + copy_s(p_head, cluster)
+        # model (runtime/roles/ralp.py): one copy of the head's bytes each
         t_set = copy_s(p_head, cluster)
+        t_fwd, t_bwd = fwd_s(net, head, cluster, batch), bwd_s(net, head, cluster, batch) + t_set
         # The PS worker's pulls leave its NIC together: where TCP does not share it evenly among
         # short flows (LinkSpec.flow_lead_bytes), they arrive one after another
         # (LinkSpec.stagger_shares) and each worker starts its next step as its own is in, which
