@@ -674,3 +674,23 @@ def test_set_grads_makes_the_gradients_views_of_the_flat_vector():
     assert all(p.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for p in params)
     torch.optim.SGD(params, lr=0.1, momentum=0.9).step()  # the optimizer takes views as any gradient
     assert torch.equal(flat_grads(params), flat)  # and leaves them as they were
+
+
+def test_fc_machines_post_their_receives_before_their_sends():
+    """FcMachine._exchange: every receive of an exchange is posted before any send (gloo ran half
+    the both-ways exchanges posted sends first one direction after the other:
+    benchmarks/exchange_order.py), and each peer's tensor comes back under its index."""
+    from types import SimpleNamespace
+
+    from layerplan.runtime.roles.hybrid import FcMachine
+
+    fc = FcMachine.__new__(FcMachine)
+    fc.fc_ranks, fc.dtype, fc.ctx = [2, 3, 4], torch.float32, SimpleNamespace(device="cpu")
+    posted = []
+    fc.irecv = lambda t, src, tg: posted.append(("recv", src)) or ("w", src)
+    fc.isend = lambda t, dst, tg: posted.append(("send", dst)) or ("w", dst)
+    fc.wait = lambda works: None
+    got = fc._exchange(7, 4, {0: torch.ones(2, 3), 2: torch.ones(2, 3)}, {0: (2, 1), 2: (2, 5)})
+    assert [kind for kind, _ in posted] == ["recv", "recv", "send", "send"]
+    assert sorted(src for kind, src in posted if kind == "recv") == [2, 4]
+    assert got[0].shape == (2, 1) and got[2].shape == (2, 5)

@@ -188,7 +188,9 @@ class FcMachine(RoleBase):
     # ---- moves between layouts --------------------------------------------------------------
     def _exchange(self, s: int, phase: int, outgoing: dict, incoming: dict) -> dict:
         """Send ``outgoing[q]`` to FC machine q and receive a tensor of shape ``incoming[q]`` from it,
-        for every other machine q; returns the received tensors."""
+        for every other machine q; returns the received tensors. The receives are posted before
+        the sends: posted after them, gloo ran half such exchanges one direction after the other
+        (roles/__init__.py)."""
         import torch
 
         got, works, keep = {}, [], []
