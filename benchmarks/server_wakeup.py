@@ -69,8 +69,9 @@ def _busy(ready, go, stop, out) -> None:
     out.put(n / (time.perf_counter() - t0))
 
 
-def busy_rates(ctx, n: int, window_s: float) -> list[float]:
-    """Products per second of each of ``n`` busy processes with nothing else beside them."""
+def with_busy(ctx, n: int, during):
+    """Run ``during()`` while ``n`` busy processes multiply matrices (all started, their imports
+    done, before it begins); returns what it returned and each busy process's products per second."""
     ready, out, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
     procs = [ctx.Process(target=_busy, args=(ready, go, stop, out), daemon=True) for _ in range(n)]
     for p in procs:
@@ -78,12 +79,19 @@ def busy_rates(ctx, n: int, window_s: float) -> list[float]:
     for _ in procs:
         ready.get()
     go.set()
-    time.sleep(window_s)
-    stop.set()
+    try:
+        result = during()
+    finally:
+        stop.set()
     rates = [out.get() for _ in procs]
     for p in procs:
         p.join()
-    return rates
+    return result, rates
+
+
+def busy_rates(ctx, n: int, window_s: float) -> list[float]:
+    """Products per second of each of ``n`` busy processes with nothing else beside them."""
+    return with_busy(ctx, n, lambda: time.sleep(window_s))[1]
 
 
 def _reps_for(work_s: float) -> int:
@@ -105,30 +113,24 @@ def measure(busy: int, reps: int, gap_s: float, window_s: float, ctx) -> dict:
     server.start()
     parent.send("warm")
     parent.recv()
-    ready, rates, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
-    workers = [ctx.Process(target=_busy, args=(ready, go, stop, rates), daemon=True) for _ in range(busy)]
-    for w in workers:
-        w.start()
-    for _ in workers:  # every busy process started (imports done) before the clock starts
-        ready.get()
-    go.set()
-    time.sleep(0.3)
-    times = []
-    end = time.perf_counter() + window_s
-    while time.perf_counter() < end:
-        t0 = time.perf_counter()
-        parent.send("go")
-        parent.recv()
-        times.append(time.perf_counter() - t0)
-        time.sleep(gap_s)
-    stop.set()
+
+    def serve() -> list[float]:
+        time.sleep(0.3)
+        times = []
+        end = time.perf_counter() + window_s
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            parent.send("go")
+            parent.recv()
+            times.append(time.perf_counter() - t0)
+            time.sleep(gap_s)
+        return times
+
+    times, rates = with_busy(ctx, busy, serve)
     parent.send(None)
     server.join()
-    busy_rates = [rates.get() for _ in workers]
-    for w in workers:
-        w.join()
     return {"busy": busy, "requests": len(times), "request_s": statistics.median(times),
-            "busy_rate": statistics.mean(busy_rates) if busy_rates else None}
+            "busy_rate": statistics.mean(rates) if rates else None}
 
 
 def main() -> int:
