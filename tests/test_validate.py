@@ -75,6 +75,9 @@ def test_the_efficiency_verdict_separates_rows_the_model_says_cannot_reach_the_t
     assert "stanza (b, 2 workers, 1Gbit): 84%, predicted 90% — shared cores — predicted to reach it: short" in text
     assert "DDP (a, 2 workers, 1Gbit): 60%, predicted 66% — shared cores\n" in text
     assert validate.efficiency_verdict([]) is None
+    table = io.StringIO()  # the table reads the row as the summary does, not as the target's 85%
+    validate.print_rows(rows[2:3], Console(file=table, width=400))
+    assert "84%" in table.getvalue() and "85%" not in table.getvalue()
 
 
 def test_scenarios_name_the_configurations_predicted_too_close_to_the_best_to_call():

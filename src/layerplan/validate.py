@@ -1743,7 +1743,7 @@ def print_rows(rows: Iterable[dict], con=None) -> None:
         cores = [r.get("measured_cpu_cores"), r.get("predicted_cpu_cores")]
         t.add_row(r["model"], str(r["workers"]), r["rate"], r.get("label", r["strategy"]), units.format_seconds(r["measured_step_s"]),
                   units.format_seconds(r["predicted_step_s"]), f"{100 * r['error']:+.1f}%", f"{100 * r['preset_error']:+.1f}%",
-                  units.format_seconds(r["lower_bound_s"]), f"{100 * r['efficiency']:.0f}%",
+                  units.format_seconds(r["lower_bound_s"]), percent_below(r["efficiency"]),
                   " / ".join("–" if c is None else f"{c:.2f}" for c in cores))
     con.print(t)
 
