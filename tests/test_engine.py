@@ -675,6 +675,32 @@ def test_mean_field_cores_give_each_thread_its_mean_speed():
     assert simulate(mean_field_pair(True), cluster()).step_time_s == pytest.approx(2.0)
 
 
+def test_drawn_mean_field_meets_the_threads_the_schedule_has_busy():
+    """With a spread, a thread meets the threads the drawn schedule has busy beside it, not the
+    others busy independently: two groups whose compute passes one station in turn (a queue) never
+    compute at once, so on one shared core each runs at full speed; taken as independent, each
+    would meet the other busy for its share of the time and run slower."""
+    def build(i):
+        out = []
+        for g in ("a", "b"):
+            prev = (iteration_name(i - 1, f"wait_{g}"),) if i else ()
+            out += [Compute(name=iteration_name(i, f"work_{g}"), group=g, seconds=1.0, deps=prev, queue="station"),
+                    Delay(name=iteration_name(i, f"wait_{g}"), seconds=0.5, deps=(iteration_name(i, f"work_{g}"),))]
+        return out
+
+    def graph(spread):
+        return StepGraph(groups={"a": 1, "b": 1}, samples_per_step=2, build=build, iterations=10, mean_field_cores=True,
+                         spread=spread, spread_iterations=60 if spread else 0)
+
+    one_core = cluster(shared_cores=1)
+    drawn = simulate(graph(0.2), one_core)
+    assert drawn.breakdown["a"]["compute_s"] == pytest.approx(drawn.breakdown["a"]["compute_work_s"], rel=1e-3)
+    assert drawn.step_time_s == pytest.approx(2.0, rel=0.01)  # the station busy all the time
+    independent = simulate(graph(0.0), one_core)
+    assert independent.breakdown["a"]["compute_s"] > 1.2 * independent.breakdown["a"]["compute_work_s"]
+    assert independent.step_time_s > 1.2 * drawn.step_time_s
+
+
 def test_mean_field_work_done_for_a_group_never_meets_its_compute():
     """A server's work between two of a group's computes of one iteration (the FC server on its
     batch, between forward and backward) runs while the group waits: the group's thread meets the

@@ -100,13 +100,14 @@ allow it; strategies express a runtime's real overlap (or the papers' lack of it
 on shared cores the event-driven schedule lines up groups that share no clock the way the graph
 lets them, with none of a run's jitter, and their compute overlaps less than it does in the run.
 Such a graph is simulated again with every thread at a fixed speed, its mean over how many others
-are busy, each other group busy independently for its share of the last pass's step
-(``_mean_field``), until the step settles.
+are busy, until the step settles: with a spread (below), over the threads the drawn schedule has
+busy beside it (``_occupancy_field``); without one, each other group busy independently for its
+share of the last pass's step (``_mean_field``).
 
 **A run's spread** (``StepGraph.spread``): a run's stages do not take the same time every
 iteration. Where groups pass stations in turn in a closed loop near balance, that costs time no
 mean shows (a late group leaves the next station idle; an early one waits). Such a graph is
-simulated once more, over ``spread_iterations``, each compute task's time drawn (``simulate``).
+simulated over ``spread_iterations``, each compute task's time drawn (``simulate``).
 
 **Iterations and steady state.** ``simulate(graph, cluster, iterations=k)`` unrolls k iterations:
 
@@ -141,6 +142,7 @@ phases fill more of the step) and a timeline. ``Prediction.to_dict()`` is JSON-r
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import math
@@ -997,33 +999,32 @@ def _fill(running: list[_Act], residual: list[float], limit: Mapping[int, float]
 def simulate(graph: StepGraph, cluster: ClusterSpec, iterations: int | None = None) -> Prediction:
     """Simulate ``graph`` on ``cluster`` (``iterations`` defaults to ``graph.iterations``).
 
-    With ``graph.mean_field_cores`` on shared cores: first as every graph, then again with every
-    thread at a fixed speed, its mean over how many others run (``_mean_field``), until the step
-    moves less than ``MEAN_FIELD_TOL`` (at most ``MEAN_FIELD_PASSES`` passes, each pass's speeds
-    halfway from the last's to what the last pass's schedule gives: undamped, the speeds and the
-    overlaps they make chase each other).
+    With ``graph.spread`` (and k ≥ 2): over ``graph.spread_iterations`` iterations (at least k),
+    each compute task's time drawn (``_spread_factors``). A closed loop near balance — stations
+    that each group passes in turn, none of them busy all the time — loses time to the spread that
+    no mean time shows: a late group leaves the next station idle, an early one waits, and neither
+    gives the time back.
 
-    With ``graph.spread`` (and k ≥ 2): one last pass over ``graph.spread_iterations`` iterations
-    (at least k) with each compute task's time drawn (``_spread_factors``) and the threads at the
-    speeds the passes before settled on. A closed loop near balance — stations that each group
-    passes in turn, none of them busy all the time — loses time to the spread that no mean time
-    shows: a late group leaves the next station idle, an early one waits, and neither gives the
-    time back. The speeds are not settled again on the drawn schedule: there the spread thins the
-    groups' overlaps and the mean field gives most of the loss back, where the runs' stages took no
-    less time than without the spread (Omnivore's groups: ``strategies/groups.py``)."""
+    With ``graph.mean_field_cores`` on shared cores: first as every graph, then again with every
+    thread at a fixed speed, its mean over how many others run, until the step moves less than
+    ``MEAN_FIELD_TOL`` (at most ``MEAN_FIELD_PASSES`` passes, each pass's speeds halfway from the
+    last's to what the last pass's schedule gives: undamped, the speeds and the overlaps they make
+    chase each other). With a spread, every pass is drawn, and a thread meets the threads that the
+    drawn schedule has busy beside it (``_occupancy_field``); without one, the others busy
+    independently (``_mean_field``): the undrawn schedule lines the groups up with none of a run's
+    jitter, and overlaps them less than a run does."""
     k = graph.iterations if iterations is None else iterations
     if not isinstance(k, int) or k < 1:
         raise ConfigError(f"iterations must be a positive integer, got {k!r}")
-    tasks, its = _unroll(graph, k + TAIL_ITERATIONS if k >= 2 else k)
-    pred, acts, res = _simulate_once(graph, cluster, k, tasks, its, None)
-    field_now: _MeanField | None = None
-    if graph.mean_field_cores and cluster.shared_cores is not None:
-        pred, field_now = _settle_mean_field(graph, cluster, k, tasks, its, pred, acts, res)
+    draws = None
     if graph.spread > 0 and k >= 2:
         k = max(k, graph.spread_iterations)
-        tasks, its = _unroll(graph, k + TAIL_ITERATIONS)
-        pred, _, _ = _simulate_once(graph, cluster, k, tasks, its, field_now,
-                                    _spread_factors(tasks, its, graph.spread, k))
+    tasks, its = _unroll(graph, k + TAIL_ITERATIONS if k >= 2 else k)
+    if graph.spread > 0 and k >= 2:
+        draws = _spread_factors(tasks, its, graph.spread, k)
+    pred, acts, res = _simulate_once(graph, cluster, k, tasks, its, None, draws)
+    if graph.mean_field_cores and cluster.shared_cores is not None:
+        pred, _ = _settle_mean_field(graph, cluster, k, tasks, its, pred, acts, res, draws)
     return pred
 
 
@@ -1060,16 +1061,18 @@ def _spread_factors(tasks: Sequence[Task], its: Sequence[int], cv: float, k: int
 
 
 def _settle_mean_field(graph: StepGraph, cluster: ClusterSpec, k: int, tasks: list[Task], its: list[int],
-                       pred: "Prediction", acts: list["_Act"], res: "_Resources") -> tuple["Prediction", "_MeanField"]:
-    """The mean field's passes (``simulate``): the prediction they settle on and its speeds."""
+                       pred: "Prediction", acts: list["_Act"], res: "_Resources",
+                       draws: Mapping[int, float] | None = None) -> tuple["Prediction", "_MeanField"]:
+    """The mean field's passes (``simulate``; ``draws``: the spread's, every pass drawn alike): the
+    prediction they settle on and its speeds."""
     field_now: _MeanField | None = None
     for _ in range(MEAN_FIELD_PASSES):
-        new = _mean_field(graph, cluster, acts, res, k)
+        new = _occupancy_field(graph, cluster, acts, res, k) if draws else _mean_field(graph, cluster, acts, res, k)
         if field_now is not None:
             new = _MeanField({g: (field_now.groups[g] + v) / 2.0 for g, v in new.groups.items()},
                              (field_now.network + new.network) / 2.0)
         field_now, last = new, pred.step_time_s
-        pred, acts, res = _simulate_once(graph, cluster, k, tasks, its, field_now)
+        pred, acts, res = _simulate_once(graph, cluster, k, tasks, its, field_now, draws)
         if abs(pred.step_time_s - last) <= MEAN_FIELD_TOL * last:
             break
     assert field_now is not None
@@ -1126,17 +1129,10 @@ def _mean_field(graph: StepGraph, cluster: ClusterSpec, acts: list[_Act], res: _
     if span <= 0:
         return _MeanField(dict.fromkeys(groups, 1.0), 1.0)
     duty = {g: min(1.0, busy(computes[g]) / span) for g in groups}
-    comm = sum(c * a.amount for a in acts if a.network and lo <= a.start < hi for r, c in a.coefs if r == res.cores) / span
-    cores = cluster.shared_cores
-    shared = cluster.shared_core_capacity or cores
-    over = cluster.oversubscribed_core_capacity or shared
+    comm = _messages_cores(acts, res, lo, hi)
 
     def speed(threads: int, taken: float) -> float:
-        # the messages never take every core from the compute (a floor of 5%: CFS still runs it).
-        # The capacity goes by compute threads alone: moving it by the messages' cores as well
-        # (``_oversubscribed_weight``) put four of Omnivore's five 10 Gbit/s rows 0.5-1.4 points
-        # further off over 13 full runs repredicted
-        return min(1.0, max((shared if threads <= cores else over) - taken, 0.05 * shared) / threads)
+        return _thread_speed(cluster, threads, taken)
 
     def mean_speed(alone: int, others: list[tuple[int, float]], taken: float) -> float:
         dist = [0.0] * (alone + sum(n for n, _ in others) + 1)  # P(this many threads busy)
@@ -1159,6 +1155,80 @@ def _mean_field(graph: StepGraph, cluster: ClusterSpec, acts: list[_Act], res: _
                 others.append((groups[h], min(1.0, max(0.0, duty[h] * span - s) / max(span - s, 1e-12 * span))))
         out[g] = mean_speed(groups[g], others, comm)
     return _MeanField(out, mean_speed(1, [(groups[h], duty[h]) for h in groups], 0.0))
+
+
+def _thread_speed(cluster: ClusterSpec, threads: float, taken: float) -> float:
+    """A compute thread's speed among ``threads`` busy on the shared cores, the messages taking
+    ``taken`` cores' worth (``_mean_field``): min(1, (C − M)/T), C the cores' capacity with all busy
+    (``oversubscribed_core_capacity`` beyond the cores)."""
+    if threads <= 0:
+        return 1.0
+    cores = cluster.shared_cores or 1
+    shared = cluster.shared_core_capacity or cores
+    over = cluster.oversubscribed_core_capacity or shared
+    # the messages never take every core from the compute (a floor of 5%: CFS still runs it).
+    # The capacity goes by compute threads alone: moving it by the messages' cores as well
+    # (``_oversubscribed_weight``) put four of Omnivore's five 10 Gbit/s rows 0.5-1.4 points
+    # further off over 13 full runs repredicted
+    return min(1.0, max((shared if threads <= cores + 1e-9 else over) - taken, 0.05 * shared) / threads)
+
+
+def _messages_cores(acts: list[_Act], res: _Resources, lo: float, hi: float) -> float:
+    """The cores' worth the messages that start in [lo, hi) take over it (their CPU over the span)."""
+    return sum(c * a.amount for a in acts if a.network and lo <= a.start < hi
+               for r, c in a.coefs if r == res.cores) / (hi - lo)
+
+
+def _occupancy_field(graph: StepGraph, cluster: ClusterSpec, acts: list[_Act], res: _Resources, k: int) -> _MeanField:
+    """The speeds threads get on the shared cores where groups that share no clock run with a
+    run's spread (``StepGraph.mean_field_cores`` with ``StepGraph.spread``): each group's compute
+    thread at the mean, over the time it computes in the last (drawn) pass's measured window, of
+    ``_thread_speed`` with as many threads as that schedule has busy then — its own among them —,
+    a message's thread (one more) at the mean over the time messages run.
+
+    ``_mean_field`` takes the other groups busy independently of each other. They are not: the
+    servers that every group passes in turn (the conv model server's link, the merged FC server)
+    space them, so their compute overlaps more evenly. Traced on the emulated cluster (2 cores, a
+    Zen 3 VM; each rank's compute spans): vgg16_cifar, 4 groups of one machine at 1 Gbit/s, the
+    threads computing at once had a variance of 0.43 against 1.17 for the same busy shares drawn
+    independently (mean 1.88: 1, 2, 3 busy 26, 59, 14% of the time); alexnet_cifar there, 0.59
+    against 1.14 (mean 3.10: 2, 3, 4 busy 20, 49, 28%). The drawn schedule has them as the run does
+    — 1.79 (27, 67, 6%) and 3.07 (23, 44, 30%) —, where the independent draws of ``_mean_field``
+    had 2.2 and 3.5 threads busy on average beside the schedule's own 2.07 and 3.12; vf144's row of
+    vgg16_cifar, at the link's bound in the run (1.978 s a round), predicted 2.274 s that way and
+    2.038 s this way."""
+    lo, hi = _window(acts, k)
+    if hi <= lo:
+        return _MeanField(dict.fromkeys(graph.groups, 1.0), 1.0)
+    comm = _messages_cores(acts, res, lo, hi)
+    comps = [a for a in acts if not a.network and a.cpu_threads > 0 and a.end > lo and a.start < hi]
+    edges = sorted([(max(a.start, lo), a.cpu_threads) for a in comps] + [(min(a.end, hi), -a.cpu_threads) for a in comps])
+    starts: list[float] = []  # stretches of constant occupancy: (start, end, threads busy)
+    stretches: list[tuple[float, float, float]] = []
+    busy, last = 0.0, lo
+    for t, d in edges:
+        if t > last:
+            starts.append(last)
+            stretches.append((last, t, busy))
+        busy, last = busy + d, t
+
+    def mean_speed(spans: list[tuple[float, float]], extra: float, taken: float) -> float:
+        num = den = 0.0
+        for a0, a1 in spans:
+            i = max(0, bisect.bisect_right(starts, a0) - 1)
+            while i < len(stretches) and stretches[i][0] < a1:
+                s0, s1, m = stretches[i]
+                w = min(s1, a1) - max(s0, a0)
+                if w > 0:
+                    num += w * _thread_speed(cluster, round(m + extra, 6), taken)
+                    den += w
+                i += 1
+        return num / den if den > 0 else 1.0
+
+    out = {g: mean_speed([(max(a.start, lo), min(a.end, hi)) for a in comps if g in a.rows], 0.0, comm)
+           for g in graph.groups}
+    messages = [(max(a.start, lo), min(a.end, hi)) for a in acts if a.network and a.end > lo and a.start < hi]
+    return _MeanField(out, mean_speed(messages, 1.0, 0.0))
 
 
 def _between(acts: list[_Act], ends: list[_Act]) -> list[_Act]:

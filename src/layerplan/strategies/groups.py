@@ -12,17 +12,16 @@ one group's pull at a time and takes one group's push at a time (each queued unt
 arrived), as the runtime does: without the queues the schedule let two pulls share the egress and
 its round time swung ±15% with a tenth of a millisecond of latency (resnet_cifar, 4 groups, 100 Mbit/s).
 
-On shared cores (the emulated cluster) three or more groups that share no clock are simulated
-with the mean field (``StepGraph.mean_field_cores``, g ≥ ``MEAN_FIELD_GROUPS``): each
-compute thread meets the other groups' compute at their average busy share, not in the lineup the
-event-driven schedule settles into, in which they overlapped a third less than in a run
-(alexnet_cifar, 4 groups at 1 Gbit/s: 337 ms a round predicted, 408-420 measured; with the mean
-field 382). Two groups keep the event-driven lineup: the conv model server's and the merged FC
-server's queues hold them in turn, one computing while the other is served, as the schedule has it.
-On shared cores three or more also draw a run's spread into their stages' times (``SPREAD``,
-measured there, where the threads' contention varies from one pass to the next): their cycle through
-the conv model server, the FC server and their own passes is a closed loop that, near balance,
-loses time to it.
+On shared cores (the emulated cluster) three or more groups that share no clock draw a run's
+spread into their stages' times (``SPREAD``, measured there, where the threads' contention varies
+from one pass to the next): their cycle through the conv model server, the FC server and their own
+passes is a closed loop that, near balance, loses time to it. And they are simulated with the mean
+field (``StepGraph.mean_field_cores``, g ≥ ``MEAN_FIELD_GROUPS``): each compute thread runs at its
+mean speed over the threads the drawn schedule has busy beside it (``engine._occupancy_field``),
+not in the lineup of the undrawn event-driven schedule, in which they overlapped a third less than
+in a run (alexnet_cifar, 4 groups at 1 Gbit/s: 337 ms a round predicted, 408-420 measured). Two
+groups keep the event-driven lineup: the conv model server's and the merged FC server's queues hold
+them in turn, one computing while the other is served, as the schedule has it.
 
 FC side: with **merged FC** (the default, Omnivore §V-A) one machine holds the FC model and does the
 FC compute, one group batch at a time in arrival order (FC staleness 0), and sends a batch's
@@ -70,9 +69,16 @@ cycle (pull, forward, the FC server, backward, push) was close to four FC batche
 waited for activations 72 ms a round, where the schedule without the spread has it wait 46 ms.
 
 With the calibration made beside a run of it (a 2-core Xeon VM): 480 ms without the spread, 516 with
-it (505-516 over seven orders of the draws), 531 measured in the run beside the calibration. With
-the mean field settled again on the drawn schedule (a spread of 0.2) it went only to 490, the conv
-machines' passes down from 228 to 208 ms a round — the run's took 237. Three validate runs
+it (505-516 over seven orders of the draws), 531 measured in the run beside the calibration — the
+mean field then taking the other groups busy independently, on the undrawn schedule. Settled again
+on the drawn schedule that way (a spread of 0.2) it went only to 490, the conv machines' passes down
+from 228 to 208 ms a round — the run's took 237: the draws thin the overlaps that independent
+groups would have. Their threads are not independent (``engine._occupancy_field``: the stations
+they pass in turn space them), and on the drawn schedule each now meets the threads busy beside it
+there. Five full runs on a 2-core Zen 3 VM (vf141-vf145), repredicted: the 4-group rows' median
+|error| 7.7 / 7.6 / 8.4 / 8.6 / 5.8% → 9.6 / 7.8 / 7.7 / 6.8 / 3.6%, their runs' p90 23.9 / 13.8 /
+17.9 / 12.8 / 16.1% → 22.2 / 13.8 / 17.5 / 12.7 / 15.8% and max 43.5 / 48.2 / 26.3 / 26.4 / 29.5%
+→ 36.0 / 42.0 / 26.3 / 21.8 / 29.5%, the medians within 0.1 point. Three validate runs
 repredicted (vf130, vf131 and one of that scenario alone), the rows of four groups: alexnet_cifar
 4w at 1 Gbit/s −5.4 / −9.5 / −11.4% → +1.0 / −3.9 / −4.8%; vgg16_cifar 4w at 10 Gbit/s −2.0 / −9.2%
 → +0.7 / −3.8%; alexnet_cifar 4w at 10 Gbit/s, where the FC server is busy all the time, +4.5 / +0.1%
