@@ -1131,16 +1131,13 @@ def _mean_field(graph: StepGraph, cluster: ClusterSpec, acts: list[_Act], res: _
     duty = {g: min(1.0, busy(computes[g]) / span) for g in groups}
     comm = _messages_cores(acts, res, lo, hi)
 
-    def speed(threads: int, taken: float) -> float:
-        return _thread_speed(cluster, threads, taken)
-
     def mean_speed(alone: int, others: list[tuple[int, float]], taken: float) -> float:
         dist = [0.0] * (alone + sum(n for n, _ in others) + 1)  # P(this many threads busy)
         dist[alone] = 1.0
         for n, d in others:
             if d > 0:
                 dist = [p * (1 - d) + (dist[m - n] * d if m >= n else 0.0) for m, p in enumerate(dist)]
-        return sum(p * speed(m, taken) for m, p in enumerate(dist) if p)
+        return sum(p * _thread_speed(cluster, m, taken) for m, p in enumerate(dist) if p)
 
     out = {}
     for g in groups:
