@@ -189,6 +189,9 @@ def test_epoch_diverged_tells_a_collapse_from_noise_near_zero():
     assert not epoch_diverged([None, None], first_loss=2.3)
     assert epoch_diverged([0.3] * 20, first_loss=2.3, start_loss=0.1)  # regressed from where W was
     assert not epoch_diverged([0.15] * 20, first_loss=2.3, start_loss=0.1)
+    assert epoch_diverged([2.30] * 20, first_loss=2.32, start_loss=1.52)  # back at chance: under 2× 1.52
+    assert not epoch_diverged([2.25] * 20, first_loss=2.32, start_loss=2.2)  # never left it: nothing lost
+    assert not epoch_diverged([1.9] * 20, first_loss=2.32, start_loss=1.52)  # worse, not back at chance
 
 
 def test_next_groups_and_time_to_target():
@@ -205,6 +208,8 @@ def test_next_groups_and_time_to_target():
     (["debug", "--budget", "3parsecs"], "unknown time unit"),
     (["debug", "--workers", "4", "--groups", "3"], "does not divide --workers 4"),
     (["debug", "--retune-every", "-1"], "--retune-every must be >= 0"),
+    (["debug", "--target-loss", "-1"], "--target-loss must be a positive number, got -1"),
+    (["debug", "--target-loss", "nan"], "--target-loss must be a positive number, got nan"),
 ])
 def test_tune_rejects_bad_input_in_one_line(capsys, argv, words):
     from layerplan import cli

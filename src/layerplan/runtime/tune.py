@@ -290,6 +290,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError(f"tune: trials run on local processes only (--on local), not {args.on!r}")
     if args.retune_every < 0:
         raise ConfigError(f"--retune-every must be >= 0 epochs, got {args.retune_every}")
+    if args.target_loss is not None and not (math.isfinite(args.target_loss) and args.target_loss > 0):
+        # the training loss (cross-entropy) is positive: a target at or below 0 is never reached
+        raise ConfigError(f"--target-loss must be a positive number, got {args.target_loss:g}")
     budget = units.parse_seconds(args.budget, "--budget") if args.budget else None
     probe = run_spec(args, 1, 0.9, 0.01, args.trial_steps)
     preflight(probe)  # no FC phase, unfit data, too many ranks: one line before any trial
