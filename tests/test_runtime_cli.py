@@ -199,3 +199,25 @@ def test_near_best_is_relative_to_the_best_plan():
 
     assert near_best([r(100.0), r(99.0), r(98.0), r(97.9)]) == [1, 2]
     assert near_best([r(100.0), r(90.0)]) == [] and near_best([]) == []
+
+
+@pytest.mark.parametrize("flag, where, words", [
+    ("--checkpoint-dir", "a_file", "is a file; name a directory"),
+    ("--checkpoint-dir", "a_file/below", "cannot write there"),
+    ("--metrics-out", "missing/m.json", "cannot write in"),
+    ("--metrics-out", ".", "is a directory; name a file"),
+])
+def test_unwritable_outputs_fail_before_any_rank_starts(capsys, tmp_path, monkeypatch, flag, where, words):
+    """A run that trained and then could not write its checkpoint or measurement lost both: the
+    launcher checks them first (no rank is started: Popen is never called)."""
+    import subprocess
+
+    import layerplan.netspec.analyze  # noqa: F401 — torch imported before Popen is taken away
+
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a rank was started"))
+    rc = cli.main(["train", "debug", "--strategy", "allreduce", "--workers", "2", "--steps", "1", "--no-predict",
+                   flag, str(tmp_path / where)])
+    err = capsys.readouterr().err
+    assert rc == 2 and words in err and err.count("\n") == 1, err

@@ -325,10 +325,15 @@ def test_resume_is_exact_for_every_strategy(tmp_path, strategy, config):
 
 
 def test_a_failing_rank_is_reported_in_one_line(tmp_path):
-    (tmp_path / "file").write_text("not a directory")
-    spec = make_spec(tmp_path, "debug", "ps", {"workers": 2}, 3, steps=2).replace(params_out=str(tmp_path / "file"))
+    out = tmp_path / "params"
+    spec = make_spec(tmp_path, "debug", "ps", {"workers": 2}, 3, steps=2).replace(params_out=str(out))
+
+    def break_it(pids, run_dir):  # the directory, checked before the start, turns into a file after it
+        out.rmdir()
+        out.write_text("not a directory")
+
     with pytest.raises(RunError) as e:
-        launch_local(spec, start="fork", run_dir=tmp_path / "run")
+        launch_local(spec, start="fork", run_dir=tmp_path / "run", on_spawn=break_it)
     msg = str(e.value)
     assert msg.startswith("rank ") and "exited with code 1" in msg and "FileExistsError" in msg and "\n" not in msg
     # the failed run keeps its logs where the message says
@@ -344,6 +349,9 @@ def test_bad_input_fails_before_any_process_starts(tmp_path):
         launch_local(make_spec(tmp_path, "debug", "stanza", {"conv_workers": 2, "split": "nope"}, 3))
     with pytest.raises(ConfigError, match="threads_per_rank"):
         launch_local(make_spec(tmp_path, "debug", "ps", {"workers": 2}, 3, threads_per_rank=2), start="fork")
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(ConfigError, match="is a file; name a directory"):
+        launch_local(make_spec(tmp_path, "debug", "ps", {"workers": 2}, 3).replace(params_out=str(tmp_path / "file")))
 
 
 # ---- Omnivore's compute groups ------------------------------------------------------------

@@ -32,6 +32,33 @@ COMPATIBLE = ("model", "strategy", "config", "input_size", "num_classes", "batch
               "deterministic", "dtype")
 
 
+def check_outputs(spec) -> None:
+    """Where the run writes — its checkpoint and parameters directories (created here), its
+    metrics file — can be written, checked before any rank starts: a run that trained for an hour
+    and then cannot write its checkpoint or its measurement loses both."""
+    for what, f in (("checkpoint directory", spec.checkpoint_dir), ("parameters directory", spec.params_out)):
+        if not f:
+            continue
+        d = Path(f)
+        if d.exists() and not d.is_dir():
+            raise ConfigError(f"{what} {d} is a file; name a directory")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=d):
+                pass
+        except OSError as e:
+            raise ConfigError(f"{what} {d}: cannot write there ({e.strerror or e})") from None
+    if spec.metrics_out:
+        p = Path(spec.metrics_out)
+        if p.is_dir():
+            raise ConfigError(f"metrics file {p} is a directory; name a file")
+        try:
+            with tempfile.TemporaryFile(dir=p.parent):
+                pass
+        except OSError as e:
+            raise ConfigError(f"metrics file {p}: cannot write in {p.parent} ({e.strerror or e})") from None
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

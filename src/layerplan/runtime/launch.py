@@ -238,7 +238,10 @@ def _launch(spec, place: Callable[[int, int, int], Placement], *, run_dir: str |
         raise ConfigError(f"start must be exec or fork, got {start!r}")
     if start == "fork" and (spec.threads_per_rank != 1 or not hasattr(os, "fork") or spec.backend != "gloo"):
         raise ConfigError("start='fork' needs threads_per_rank = 1, gloo, and a POSIX system; use start='exec'")
+    from layerplan.runtime import checkpoint
+
     roles, _ = preflight(spec)
+    checkpoint.check_outputs(spec)  # here, not in preflight: a torchrun spec's paths are other machines'
     world = len(roles)
     own_dir = not run_dir
     run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="layerplan-run-"))
