@@ -80,6 +80,8 @@ def cases(t):
         (["hardware", "--nodes", "0"], "nodes"),
         (["validate", "--strategies", "ps,dp"], "unknown strategy dp"),
         (["validate", "--budget", "-1"], "--budget takes minutes"),
+        (["calibrate", "--quick", "-o", str(t)], "is a directory; name a file"),  # before minutes of measuring
+        (["validate", "--out", str(t / "bad.json")], "is a file; name a directory"),  # before the calibration
         (["frobnicate"], "invalid choice"),
     ]
 
@@ -88,7 +90,7 @@ def test_at_least_twenty_kinds_of_bad_input(files):
     assert len(cases(files)) >= 20
 
 
-@pytest.mark.parametrize("i", range(29))
+@pytest.mark.parametrize("i", range(31))
 def test_bad_input_one_line_exit_2(files, capsys, i):
     argv, needle = cases(files)[i]
     with pytest.raises(SystemExit) if argv[0] == "frobnicate" or any(a in ("0", "-3", "low") for a in argv) else _nothing():

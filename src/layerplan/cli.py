@@ -414,6 +414,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.compare:
         return _compare_calibrations(args)
+    if args.output:  # before minutes of measuring
+        from layerplan.outputs import writable_file
+
+        writable_file(args.output, "cluster file")
     res = calibrate.calibrate(on=args.on.partition(":")[0], name=args.on.partition(":")[2] or "default",
                               repeats=args.repeats, quick=args.quick, progress=not args.json or sys.stderr.isatty(),
                               profile=_names(args.profile), profile_batches=_batches(args.profile_batches))
@@ -468,6 +472,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from layerplan.runtime import emulate
 
         emulate.in_user_namespace([sys.executable, "-m", "layerplan", *args.argv])
+        from layerplan.outputs import writable_dir
+
+        writable_dir(out, "--out")  # before minutes of calibration and runs
     if args.resume:
         previous = out / "validate.json"
         if not previous.exists():

@@ -36,27 +36,14 @@ def check_outputs(spec) -> None:
     """Where the run writes — its checkpoint and parameters directories (created here), its
     metrics file — can be written, checked before any rank starts: a run that trained for an hour
     and then cannot write its checkpoint or its measurement loses both."""
-    for what, f in (("checkpoint directory", spec.checkpoint_dir), ("parameters directory", spec.params_out)):
-        if not f:
-            continue
-        d = Path(f)
-        if d.exists() and not d.is_dir():
-            raise ConfigError(f"{what} {d} is a file; name a directory")
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=d):
-                pass
-        except OSError as e:
-            raise ConfigError(f"{what} {d}: cannot write there ({e.strerror or e})") from None
+    from layerplan.outputs import writable_dir, writable_file
+
+    if spec.checkpoint_dir:
+        writable_dir(spec.checkpoint_dir, "checkpoint directory")
+    if spec.params_out:
+        writable_dir(spec.params_out, "parameters directory")
     if spec.metrics_out:
-        p = Path(spec.metrics_out)
-        if p.is_dir():
-            raise ConfigError(f"metrics file {p} is a directory; name a file")
-        try:
-            with tempfile.TemporaryFile(dir=p.parent):
-                pass
-        except OSError as e:
-            raise ConfigError(f"metrics file {p}: cannot write in {p.parent} ({e.strerror or e})") from None
+        writable_file(spec.metrics_out, "metrics file")
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
