@@ -315,6 +315,24 @@ def test_validate_runs_the_matrix_on_an_emulated_cluster(tmp_path):
     assert not [ns for ns in emulate.namespaces() if ns.startswith(f"{emulate.PREFIX}-{validate.EMULATION_NAME}-")]
 
 
+def test_from_the_second_rate_no_row_runs_past_the_limit(tmp_path):
+    """The first rate's rows run however late (a budget spent by the calibration still measures
+    something); from the second rate on, a row that would end past the command's limit, at the pace
+    the rows before it ran, is skipped with the reason."""
+    from layerplan.runtime import emulate
+
+    try:
+        emulate.check_available()
+    except emulate.EmulationError as e:
+        pytest.skip(f"no emulated cluster here: {e}")
+    m = validate.Matrix(models=("debug",), workers=(2,), rates=("1Gbit", "10Gbit"), strategies=("allreduce",),
+                        target_s=0.5, min_steps=2, max_steps=3, decide_s=0.0, budget_s=1.0, limit_s=1.0)
+    doc = validate.validate(m, tmp_path, None, deadline=time.monotonic())
+    assert [r["rate"] for r in doc["rows"]] == ["1Gbit"]
+    (s,) = doc["skipped"]
+    assert s["rate"] == "10Gbit" and "it would end past the command's limit" in s["reason"]
+
+
 def test_configurations_predicted_too_slow_are_skipped_with_the_reason():
     from layerplan.runtime.emulate import Emulated
 
@@ -1350,3 +1368,23 @@ def test_repredicting_paces_each_row_by_the_marks_of_the_rows_before_as_predicte
     half = validate.prediction({**r, "pace": {"speed": 0.5, "probes": 1}}, emu, cal)["predicted_step_s"]
     assert second["predicted_step_s"] == pytest.approx(half) and half > first["predicted_step_s"]
     assert new["summary"]["pace"]["follows"] == "marks"
+
+
+def test_rows_behind_the_plan_give_way_farthest_behind_first():
+    """behind_plan: where the rows so far ran ``slow``× their estimate, the rows left that would then
+    overrun the time left give way — the farthest behind their scenario's best first, whatever the
+    ratio (ralp at 1.98×, under leave_out's 2×, goes too) — never the speedups' strategies."""
+    m = replace(validate.MATRICES["full"], target_s=validate.MIN_TARGET_S)
+    steps_s = {"stanza": 4.0, "allreduce": 9.0, "hybrid": 5.0, "groups(g=4)": 10.0, "groups(g=2)": 8.5, "ralp": 7.9}
+    pending = [{"model": c.model, "strategy": c.strategy, "label": c.label, "workers": c.workers, "rate": c.rate,
+                "config": c.config, "predicted_step_s": steps_s[c.label]} for c in validate.cases(m)
+               if (c.model, c.workers, c.rate) == ("vgg16_cifar", 4, "100Mbit") and c.label in steps_s]
+    by, key = {r["label"]: r for r in pending}, validate.key
+    total = sum(validate.pending_estimate_s(m, r) for r in pending)
+    assert validate.behind_plan(pending, m, total, 1.0) == {}  # on plan: all fit
+    assert validate.behind_plan(pending, m, 1.3 * total, 1.3) == {}  # behind, but the time left holds them
+    out = validate.behind_plan(pending, m, 1.3 * total - 1, 1.3)  # a little short: the farthest behind goes
+    assert list(out) == [key(by["groups(g=4)"])] and "the rows so far took 1.30× their estimate" in out[key(by["groups(g=4)"])]
+    out = validate.behind_plan(pending, m, 1.0, 1.3)  # far short: all but stanza's and its peers' go
+    assert set(out) == {key(by[x]) for x in ("groups(g=4)", "groups(g=2)", "ralp", "hybrid")}
+    assert list(out)[:3] == [key(by[x]) for x in ("groups(g=4)", "groups(g=2)", "ralp")]

@@ -413,6 +413,33 @@ def leave_out(pending: list[dict], matrix: Matrix, available_s: float) -> dict[t
     return out
 
 
+def behind_plan(pending: list[dict], matrix: Matrix, available_s: float, slow: float) -> dict[tuple, str]:
+    """Under a limit, before a rate, where the rows run so far took ``slow`` times their estimate
+    (``pending_estimate_s``; a host slower than at calibration): which of ``pending`` (the rows
+    left, ``estimate``'s) to leave out so that the others, that much slower than estimated, end
+    within ``available_s`` — those predicted farthest behind their scenario's predicted best first,
+    whatever the ratio, never COMPARED; none where they fit. vf148's host ran its rows 1.2× their
+    estimate (its paces a median 0.85×) and its disturbed rows again: 47.4 min, 2.4 over the 45
+    that its plan, made at calibration time, kept (``leave_out``)."""
+    total_s = slow * sum(pending_estimate_s(matrix, r) for r in pending)
+    if total_s <= available_s:
+        return {}
+    best: dict[tuple, float] = {}
+    for r in pending:
+        sc = (r["model"], r["workers"], r["rate"])
+        best[sc] = min(best.get(sc, math.inf), r["predicted_step_s"])
+    ratio = {key(r): r["predicted_step_s"] / best[(r["model"], r["workers"], r["rate"])] for r in pending}
+    out = {}
+    for r in sorted((r for r in pending if r["strategy"] not in COMPARED), key=lambda r: -ratio[key(r)]):
+        if total_s <= available_s:
+            break
+        total_s -= slow * pending_estimate_s(matrix, r)
+        out[key(r)] = (f"predicted {ratio[key(r)]:.1f}× its scenario's best step: left out to end within the "
+                       f"command's limit of {(matrix.limit_s or 0) / 60:.1f} min (the rows so far took "
+                       f"{slow:.2f}× their estimate: the machine ran slower than at calibration)")
+    return out
+
+
 def estimate(matrix: Matrix, calibrated: hardware.ClusterSpec | None = None, done: Iterable[Case] = ()) -> list[dict]:
     """What ``validate`` would run, without running it: per configuration the predicted step, the
     steps it would measure and its estimated wall time (or why it is skipped or already done)."""
@@ -1432,6 +1459,9 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     rerun_left_s = math.inf  # for disturbed rows' second runs (RERUN_SHARE of a budget)
     planned_s: dict[str, float] = {}  # per rate, under a budget: its rows' estimated wall time and RATE_OVERHEAD_S
     left_out: dict[tuple, str] = {}  # under a budget the rows overrun: those left out, with the reason (``leave_out``)
+    plan_rows: dict[tuple, dict] = {}  # under a budget: the rows planned (``estimate``'s) and each one's estimated wall time
+    row_plan_s: dict[tuple, float] = {}
+    rows_spent_s = rows_planned_s = 0.0  # the rows run so far: their wall time, and what the plan estimated (``behind_plan``)
     if deadline is not None:  # fit the rows into what is left of the budget (Matrix.budget_s)
         pending = [r for r in estimate(matrix, calibrated) if r["predicted_step_s"] and not r["skip"]
                    and (r["model"], r["label"], r["workers"], r["rate"]) not in finished]
@@ -1461,6 +1491,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
         rerun_left_s = max(0.0, min(available_s * RERUN_SHARE, available_s - rows_s))
         for r in pending:
             planned_s[r["rate"]] = planned_s.get(r["rate"], RATE_OVERHEAD_S) + pending_estimate_s(matrix, r)
+            plan_rows[key(r)], row_plan_s[key(r)] = r, pending_estimate_s(matrix, r)
     left_s = 0.0  # seconds of deciding runs the rates before did not use
     t_rows, deciding_s, planned_done_s = time.monotonic(), 0.0, 0.0
     # the deciding runs count to the command's limit (the rows were fitted to the budget, less)
@@ -1487,9 +1518,27 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             lead = emulate.measure_flow_lead(emu) if track and emu.hosts >= 3 else None
             busy_ring = (emulate.measure_busy_ring(emu)["cpu_s_per_byte"]
                          if track and emu.rate_bytes_per_s >= BUSY_RING_MIN_BYTES_PER_S else None)
+            later_rates = [r for r in matrix.rates[matrix.rates.index(rate) + 1:] if any(c.rate == r for c in todo)]
+            behind = rows_spent_s / rows_planned_s if rows_planned_s > 0 else 1.0
+            guard = limit is not None and rows_planned_s > 0  # from the second rate on: no row runs past the limit
+            if limit is not None and behind > 1.0:  # the rows left that fit at the pace the rows have run (``behind_plan``)
+                left = [r for k, r in plan_rows.items() if k[3] in (rate, *later_rates) and k not in left_out]
+                more = behind_plan(left, matrix, limit - time.monotonic() - len(later_rates) * RATE_OVERHEAD_S
+                                   - rerun_left_s, behind)
+                for k in more:
+                    planned_s[k[3]] -= row_plan_s[k]
+                left_out.update(more)
+                if more and progress:
+                    progress(f"without {len(more)} more configurations, the rows so far having taken {behind:.2f}× "
+                             f"their estimate, to end within the command's limit: "
+                             + ", ".join(f"{m} {lab} {n}w {r}" for m, lab, n, r in more))
             for c in batch:
                 sized = sizing_step_s(c, emu, calibrated, matrix)
                 slow = left_out.get(key(c)) or too_slow(c, emu, calibrated, matrix, sized)
+                if (not slow and guard and key(c) in row_plan_s and time.monotonic()
+                        + max(1.0, behind) * row_plan_s[key(c)] > limit - len(later_rates) * RATE_OVERHEAD_S):
+                    slow = (f"not run: at the pace of the rows before it ({max(1.0, behind):.2f}× their estimate) "
+                            f"it would end past the command's limit of {(matrix.limit_s or 0) / 60:.1f} min")
                 if slow:
                     skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate,
                                     "reason": slow})
@@ -1498,6 +1547,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     continue
                 if progress:
                     progress(f"{c.model} {c.label} {c.workers}w {rate}")
+                t_row, rerun_s = time.monotonic(), 0.0
                 try:
                     def probed_run() -> dict:
                         """One run between speed probes: one thread's before, both cores' and the memory's
@@ -1527,7 +1577,9 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                             progress(f"{c.model} {c.label} {c.workers}w {rate} (again: the cores ran at "
                                      f"{row['load_speed']:.2f}× their calibration-time speed around it)")
                         rerun_left_s -= row["wall_s"]
+                        t_rerun = time.monotonic()
                         row, other = sorted((row, probed_run()), key=lambda r: r["load_speed"], reverse=True)
+                        rerun_s = time.monotonic() - t_rerun  # the rerun share's, not the row's planned time
                         row = {**row, "disturbed_runs": 1, "disturbed_step_s": other["measured_step_s"]}
                     if track:  # the machine's pace over the runs before this one (``pace``)
                         row["pace"] = pace(runs)
@@ -1540,6 +1592,9 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     if skip:
                         skip(c, reason)
                 write(out_dir, rows, skipped, calibrated, meta, plots=False)  # a partial result survives an interrupted run
+                if key(c) in row_plan_s:
+                    rows_spent_s += time.monotonic() - t_row - rerun_s
+                    rows_planned_s += row_plan_s[key(c)]
 
             def again(c: Case, why: str) -> None:
                 """Run ``c`` once more; its row's measured step becomes the mean of its runs' (``merge_runs``).
@@ -1622,9 +1677,12 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             for c in reversed(batch):
                 r = next((r for r in rows if key(r) == key(c)), None)
                 if r is not None and "measured_runs_s" not in r and repeats(matrix, r["predicted_step_s"]) >= 2:
+                    t_again = time.monotonic()
                     again(c, "again")
                     if disagree(next(r for r in rows if key(r) == key(c))):  # RUNS_DISAGREE: a third, the median
                         again(c, "a third time: its two runs disagree")
+                    if key(c) in row_plan_s:  # the plan's estimate counts the row's runs (``repeats``)
+                        rows_spent_s += time.monotonic() - t_again
             # where a scenario's fastest measured within DECIDE_WITHIN, or its predicted best and its
             # closest rival within DECIDE_CHECK_WITHIN (``contenders``): those again, interleaved, the
             # closest scenarios first, as long as the rate's time for it lasts (Matrix.decide_s, and
