@@ -413,6 +413,13 @@ def leave_out(pending: list[dict], matrix: Matrix, available_s: float) -> dict[t
     return out
 
 
+def one_run_estimate_s(matrix: Matrix, r: Mapping[str, Any]) -> float:
+    """``pending_estimate_s`` of a row run once, without the second run a short row gets (``repeats``)."""
+    step_s = r["predicted_step_s"]
+    return ROW_OVERHEAD_S + START_S + (measured_steps(matrix, step_s)
+                                       + unmeasured_steps(r["strategy"], r["config"])) * step_s
+
+
 def behind_plan(pending: list[dict], matrix: Matrix, available_s: float, slow: float) -> dict[tuple, str]:
     """Under a limit, before a rate, where the rows run so far took ``slow`` times their estimate
     (``pending_estimate_s``; a host slower than at calibration): which of ``pending`` (the rows
@@ -1462,6 +1469,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     plan_rows: dict[tuple, dict] = {}  # under a budget: the rows planned (``estimate``'s) and each one's estimated wall time
     row_plan_s: dict[tuple, float] = {}
     rows_spent_s = rows_planned_s = 0.0  # the rows run so far: their wall time, and what the plan estimated (``behind_plan``)
+    once: set[tuple] = set()  # rows that fit before the limit only without their second run (``repeats``)
     if deadline is not None:  # fit the rows into what is left of the budget (Matrix.budget_s)
         pending = [r for r in estimate(matrix, calibrated) if r["predicted_step_s"] and not r["skip"]
                    and (r["model"], r["label"], r["workers"], r["rate"]) not in finished]
@@ -1535,10 +1543,14 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             for c in batch:
                 sized = sizing_step_s(c, emu, calibrated, matrix)
                 slow = left_out.get(key(c)) or too_slow(c, emu, calibrated, matrix, sized)
-                if (not slow and guard and key(c) in row_plan_s and time.monotonic()
-                        + max(1.0, behind) * row_plan_s[key(c)] > limit - len(later_rates) * RATE_OVERHEAD_S):
-                    slow = (f"not run: at the pace of the rows before it ({max(1.0, behind):.2f}× their estimate) "
-                            f"it would end past the command's limit of {(matrix.limit_s or 0) / 60:.1f} min")
+                end_by = (limit or 0.0) - len(later_rates) * RATE_OVERHEAD_S
+                if (not slow and guard and key(c) in row_plan_s
+                        and time.monotonic() + max(1.0, behind) * row_plan_s[key(c)] > end_by):
+                    if time.monotonic() + max(1.0, behind) * one_run_estimate_s(matrix, plan_rows[key(c)]) <= end_by:
+                        once.add(key(c))  # a short row's second run does not fit: its first does
+                    else:
+                        slow = (f"not run: at the pace of the rows before it ({max(1.0, behind):.2f}× their "
+                                f"estimate) it would end past the command's limit of {(matrix.limit_s or 0) / 60:.1f} min")
                 if slow:
                     skipped.append({"model": c.model, "strategy": c.strategy, "workers": c.workers, "rate": c.rate,
                                     "reason": slow})
@@ -1676,7 +1688,12 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             # the short configurations once more, the last first (REPEAT_BELOW_S)
             for c in reversed(batch):
                 r = next((r for r in rows if key(r) == key(c)), None)
-                if r is not None and "measured_runs_s" not in r and repeats(matrix, r["predicted_step_s"]) >= 2:
+                if (r is not None and guard and key(c) in plan_rows and key(c) not in once and time.monotonic()
+                        + max(1.0, behind) * (one_run_estimate_s(matrix, plan_rows[key(c)]) - ROW_OVERHEAD_S)
+                        > (limit or 0.0) - len(later_rates) * RATE_OVERHEAD_S):
+                    once.add(key(c))  # the rows after it took the time: its second run would end past the limit
+                if (r is not None and "measured_runs_s" not in r and repeats(matrix, r["predicted_step_s"]) >= 2
+                        and key(c) not in once):
                     t_again = time.monotonic()
                     again(c, "again")
                     if disagree(next(r for r in rows if key(r) == key(c))):  # RUNS_DISAGREE: a third, the median
