@@ -1392,12 +1392,12 @@ def test_rows_behind_the_plan_give_way_farthest_behind_first():
 
 def test_a_short_row_run_once_is_estimated_without_its_second_run():
     """Near the limit a short row that fits only without its second run (``repeats``) runs once:
-    ``one_run_estimate_s`` is its estimate less one start and its steps; a long row's is the same."""
+    ``pending_estimate_s(..., runs=1)`` is its estimate less one start and its steps; a long row's is the same."""
     m = replace(validate.MATRICES["quick"], target_s=validate.MIN_TARGET_S)
     row = {"strategy": "allreduce", "config": {"workers": 2}}
     short, long_ = {**row, "predicted_step_s": 0.05}, {**row, "predicted_step_s": 2.0}
     assert validate.repeats(m, 0.05) == 2 and validate.repeats(m, 2.0) == 1
     steps = validate.measured_steps(m, 0.05) + validate.unmeasured_steps("allreduce", {"workers": 2})
-    assert validate.pending_estimate_s(m, short) - validate.one_run_estimate_s(m, short) == pytest.approx(
+    assert validate.pending_estimate_s(m, short) - validate.pending_estimate_s(m, short, runs=1) == pytest.approx(
         validate.START_S + steps * 0.05)
-    assert validate.one_run_estimate_s(m, long_) == pytest.approx(validate.pending_estimate_s(m, long_))
+    assert validate.pending_estimate_s(m, long_, runs=1) == pytest.approx(validate.pending_estimate_s(m, long_))

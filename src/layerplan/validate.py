@@ -343,11 +343,11 @@ def unmeasured_steps(strategy: str, config: Mapping[str, Any]) -> int:
     return warmup + (1 if strategy == "groups" and int(config.get("groups", 1)) > 1 else 0)
 
 
-def row_estimate_s(matrix: Matrix, predicted_step_s: float, warmup_steps: int) -> float:
-    """The wall time one configuration is estimated to take: its runs (``repeats``), each a start
-    and its warm-up and measured steps."""
-    return ROW_OVERHEAD_S + repeats(matrix, predicted_step_s) * (
-        START_S + (measured_steps(matrix, predicted_step_s) + warmup_steps) * predicted_step_s)
+def row_estimate_s(matrix: Matrix, predicted_step_s: float, warmup_steps: int, runs: int | None = None) -> float:
+    """The wall time one configuration is estimated to take: its runs (``repeats``, or ``runs``),
+    each a start and its warm-up and measured steps."""
+    runs = repeats(matrix, predicted_step_s) if runs is None else runs
+    return ROW_OVERHEAD_S + runs * (START_S + (measured_steps(matrix, predicted_step_s) + warmup_steps) * predicted_step_s)
 
 
 def fit_target_s(matrix: Matrix, steps: Iterable[tuple[float, int]], available_s: float) -> float:
@@ -378,9 +378,19 @@ COMPARED = ("stanza", "ps", "allreduce")
 """The strategies of the speedups (``speedups``), which ``leave_out`` never leaves out."""
 
 
-def pending_estimate_s(matrix: Matrix, r: Mapping[str, Any]) -> float:
-    """``row_estimate_s`` of one of ``estimate``'s rows (its predicted step, strategy and config)."""
-    return row_estimate_s(matrix, r["predicted_step_s"], unmeasured_steps(r["strategy"], r["config"]))
+def pending_estimate_s(matrix: Matrix, r: Mapping[str, Any], runs: int | None = None) -> float:
+    """``row_estimate_s`` of one of ``estimate``'s rows (its predicted step, strategy and config);
+    ``runs`` = 1: without the second run a short row gets (``repeats``)."""
+    return row_estimate_s(matrix, r["predicted_step_s"], unmeasured_steps(r["strategy"], r["config"]), runs)
+
+
+def behind_best(pending: list[dict]) -> dict[tuple, float]:
+    """Each of ``estimate``'s rows' predicted step over its scenario's best predicted step (by ``key``)."""
+    best: dict[tuple, float] = {}
+    for r in pending:
+        sc = (r["model"], r["workers"], r["rate"])
+        best[sc] = min(best.get(sc, math.inf), r["predicted_step_s"])
+    return {key(r): r["predicted_step_s"] / best[(r["model"], r["workers"], r["rate"])] for r in pending}
 
 
 def leave_out(pending: list[dict], matrix: Matrix, available_s: float) -> dict[tuple, str]:
@@ -392,14 +402,7 @@ def leave_out(pending: list[dict], matrix: Matrix, available_s: float) -> dict[t
     total_s = sum(pending_estimate_s(matrix, r) for r in pending)
     if total_s <= available_s:
         return {}
-
-    def scenario(r: dict) -> tuple:
-        return (r["model"], r["workers"], r["rate"])
-
-    best: dict[tuple, float] = {}
-    for r in pending:
-        best[scenario(r)] = min(best.get(scenario(r), math.inf), r["predicted_step_s"])
-    ratio = {key(r): r["predicted_step_s"] / best[scenario(r)] for r in pending}  # x its scenario's best
+    ratio = behind_best(pending)
     behind = [(pending_estimate_s(matrix, r), ratio[key(r)], r) for r in pending
               if r["strategy"] not in COMPARED and ratio[key(r)] >= LEAVE_OUT_BEHIND]
     out = {}
@@ -413,13 +416,6 @@ def leave_out(pending: list[dict], matrix: Matrix, available_s: float) -> dict[t
     return out
 
 
-def one_run_estimate_s(matrix: Matrix, r: Mapping[str, Any]) -> float:
-    """``pending_estimate_s`` of a row run once, without the second run a short row gets (``repeats``)."""
-    step_s = r["predicted_step_s"]
-    return ROW_OVERHEAD_S + START_S + (measured_steps(matrix, step_s)
-                                       + unmeasured_steps(r["strategy"], r["config"])) * step_s
-
-
 def behind_plan(pending: list[dict], matrix: Matrix, available_s: float, slow: float) -> dict[tuple, str]:
     """Under a limit, before a rate, where the rows run so far took ``slow`` times their estimate
     (``pending_estimate_s``; a host slower than at calibration): which of ``pending`` (the rows
@@ -431,11 +427,7 @@ def behind_plan(pending: list[dict], matrix: Matrix, available_s: float, slow: f
     total_s = slow * sum(pending_estimate_s(matrix, r) for r in pending)
     if total_s <= available_s:
         return {}
-    best: dict[tuple, float] = {}
-    for r in pending:
-        sc = (r["model"], r["workers"], r["rate"])
-        best[sc] = min(best.get(sc, math.inf), r["predicted_step_s"])
-    ratio = {key(r): r["predicted_step_s"] / best[(r["model"], r["workers"], r["rate"])] for r in pending}
+    ratio = behind_best(pending)
     out = {}
     for r in sorted((r for r in pending if r["strategy"] not in COMPARED), key=lambda r: -ratio[key(r)]):
         if total_s <= available_s:
@@ -1529,10 +1521,10 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             later_rates = [r for r in matrix.rates[matrix.rates.index(rate) + 1:] if any(c.rate == r for c in todo)]
             behind = rows_spent_s / rows_planned_s if rows_planned_s > 0 else 1.0
             guard = limit is not None and rows_planned_s > 0  # from the second rate on: no row runs past the limit
+            end_by = (limit or 0.0) - len(later_rates) * RATE_OVERHEAD_S  # when this rate's rows must have ended
             if limit is not None and behind > 1.0:  # the rows left that fit at the pace the rows have run (``behind_plan``)
                 left = [r for k, r in plan_rows.items() if k[3] in (rate, *later_rates) and k not in left_out]
-                more = behind_plan(left, matrix, limit - time.monotonic() - len(later_rates) * RATE_OVERHEAD_S
-                                   - rerun_left_s, behind)
+                more = behind_plan(left, matrix, end_by - time.monotonic() - rerun_left_s, behind)
                 for k in more:
                     planned_s[k[3]] -= row_plan_s[k]
                 left_out.update(more)
@@ -1543,10 +1535,9 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             for c in batch:
                 sized = sizing_step_s(c, emu, calibrated, matrix)
                 slow = left_out.get(key(c)) or too_slow(c, emu, calibrated, matrix, sized)
-                end_by = (limit or 0.0) - len(later_rates) * RATE_OVERHEAD_S
                 if (not slow and guard and key(c) in row_plan_s
                         and time.monotonic() + max(1.0, behind) * row_plan_s[key(c)] > end_by):
-                    if time.monotonic() + max(1.0, behind) * one_run_estimate_s(matrix, plan_rows[key(c)]) <= end_by:
+                    if time.monotonic() + max(1.0, behind) * pending_estimate_s(matrix, plan_rows[key(c)], runs=1) <= end_by:
                         once.add(key(c))  # a short row's second run does not fit: its first does
                     else:
                         slow = (f"not run: at the pace of the rows before it ({max(1.0, behind):.2f}× their "
@@ -1689,8 +1680,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             for c in reversed(batch):
                 r = next((r for r in rows if key(r) == key(c)), None)
                 if (r is not None and guard and key(c) in plan_rows and key(c) not in once and time.monotonic()
-                        + max(1.0, behind) * (one_run_estimate_s(matrix, plan_rows[key(c)]) - ROW_OVERHEAD_S)
-                        > (limit or 0.0) - len(later_rates) * RATE_OVERHEAD_S):
+                        + max(1.0, behind) * (pending_estimate_s(matrix, plan_rows[key(c)], runs=1) - ROW_OVERHEAD_S)
+                        > end_by):
                     once.add(key(c))  # the rows after it took the time: its second run would end past the limit
                 if (r is not None and "measured_runs_s" not in r and repeats(matrix, r["predicted_step_s"]) >= 2
                         and key(c) not in once):
