@@ -388,8 +388,8 @@ def test_scale_gives_every_strategy_its_nodes_and_compares_them(capsys):
         assert not got[name].skipped, (name, got[name].skipped)
         assert [(p.workers, p.nodes) for p in got[name].points] == [(w, w + extra[name]) for w in (2, 4)]
         assert all(p.throughput_samples_per_s > 0 for p in got[name].points)
-    assert cli.main(["scale", "alexnet_cifar", "--strategy", "allreduce,hybrid", "--workers", "2,4", "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    assert cli.main(["scale", "alexnet_cifar", "--strategy", "allreduce,hybrid", "--workers", "2,4,2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)  # a repeated count is one point
     assert [p["nodes"] for p in doc["hybrid"]["points"]] == [3, 5] and not doc["hybrid"]["skipped"]
 
 

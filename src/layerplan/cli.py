@@ -51,7 +51,7 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,4,8, got {text!r}") from None
     if not vals or any(v < 1 for v in vals):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return vals
+    return list(dict.fromkeys(vals))  # each once, in the order given: `--workers 1,1,2` means 1,2
 
 
 def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
