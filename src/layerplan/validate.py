@@ -1522,6 +1522,11 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             behind = rows_spent_s / rows_planned_s if rows_planned_s > 0 else 1.0
             guard = limit is not None and rows_planned_s > 0  # from the second rate on: no row runs past the limit
             end_by = (limit or 0.0) - len(later_rates) * RATE_OVERHEAD_S  # when this rate's rows must have ended
+
+            def ends_past(estimate_s: float) -> bool:
+                """Whether work estimated at ``estimate_s``, started now at the rows' pace, ends past ``end_by``."""
+                return time.monotonic() + max(1.0, behind) * estimate_s > end_by
+
             if limit is not None and behind > 1.0:  # the rows left that fit at the pace the rows have run (``behind_plan``)
                 left = [r for k, r in plan_rows.items() if k[3] in (rate, *later_rates) and k not in left_out]
                 more = behind_plan(left, matrix, end_by - time.monotonic() - rerun_left_s, behind)
@@ -1535,9 +1540,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             for c in batch:
                 sized = sizing_step_s(c, emu, calibrated, matrix)
                 slow = left_out.get(key(c)) or too_slow(c, emu, calibrated, matrix, sized)
-                if (not slow and guard and key(c) in row_plan_s
-                        and time.monotonic() + max(1.0, behind) * row_plan_s[key(c)] > end_by):
-                    if time.monotonic() + max(1.0, behind) * pending_estimate_s(matrix, plan_rows[key(c)], runs=1) <= end_by:
+                if not slow and guard and key(c) in row_plan_s and ends_past(row_plan_s[key(c)]):
+                    if not ends_past(pending_estimate_s(matrix, plan_rows[key(c)], runs=1)):
                         once.add(key(c))  # a short row's second run does not fit: its first does
                     else:
                         slow = (f"not run: at the pace of the rows before it ({max(1.0, behind):.2f}× their "
@@ -1679,9 +1683,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             # the short configurations once more, the last first (REPEAT_BELOW_S)
             for c in reversed(batch):
                 r = next((r for r in rows if key(r) == key(c)), None)
-                if (r is not None and guard and key(c) in plan_rows and key(c) not in once and time.monotonic()
-                        + max(1.0, behind) * (pending_estimate_s(matrix, plan_rows[key(c)], runs=1) - ROW_OVERHEAD_S)
-                        > end_by):
+                if (r is not None and guard and key(c) in plan_rows and key(c) not in once
+                        and ends_past(pending_estimate_s(matrix, plan_rows[key(c)], runs=1) - ROW_OVERHEAD_S)):
                     once.add(key(c))  # the rows after it took the time: its second run would end past the limit
                 if (r is not None and "measured_runs_s" not in r and repeats(matrix, r["predicted_step_s"]) >= 2
                         and key(c) not in once):
