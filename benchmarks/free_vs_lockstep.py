@@ -26,11 +26,12 @@ from datetime import timedelta
 BATCH = 16  # the calibration's batch for its synchronized steps
 
 
-def _worker(rank: int, world: int, lockstep: bool, port: int, net: str, window_s: float, out) -> None:
+def rank_net(rank: int, world: int, port: int, net: str):
+    """One rank of ``world`` (one thread, gloo over loopback) with ``net`` in training mode and a
+    batch of ``BATCH`` random inputs and labels: (model, x, y). Shared by the benchmarks here."""
     import torch
     import torch.distributed as dist
 
-    from layerplan.calibrate import _training_step
     from layerplan.netspec import zoo
 
     torch.set_num_threads(1)
@@ -40,7 +41,30 @@ def _worker(rank: int, world: int, lockstep: bool, port: int, net: str, window_s
     model, shape = zoo.build(net)
     model.train()
     x = torch.randn(BATCH, *shape[-3:])
-    y = torch.randint(0, model(x).shape[-1], (BATCH,))
+    return model, x, torch.randint(0, model(x).shape[-1], (BATCH,))
+
+
+def run_ranks(ctx, target, procs: int, *args) -> list:
+    """``procs`` processes of ``target(rank, procs, port, *args, queue)`` at once; what each put on the queue."""
+    from layerplan.runtime.launch import free_port
+
+    out, port = ctx.Queue(), free_port()
+    ps = [ctx.Process(target=target, args=(r, procs, port, *args, out)) for r in range(procs)]
+    for p in ps:
+        p.start()
+    got = [out.get() for _ in ps]
+    for p in ps:
+        p.join()
+    return got
+
+
+def _worker(rank: int, world: int, port: int, lockstep: bool, net: str, window_s: float, out) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from layerplan.calibrate import _training_step
+
+    model, x, y = rank_net(rank, world, port, net)
     step = _training_step(model, list(model.parameters()), x, y)
     step()
     step()  # warm: allocator, kernels
@@ -64,15 +88,7 @@ def _worker(rank: int, world: int, lockstep: bool, port: int, net: str, window_s
 
 def window(ctx, procs: int, lockstep: bool, net: str, window_s: float) -> tuple[float, float]:
     """(steps per second of all ``procs`` processes together, their cores busy) over one window."""
-    from layerplan.runtime.launch import free_port
-
-    out, port = ctx.Queue(), free_port()
-    ps = [ctx.Process(target=_worker, args=(r, procs, lockstep, port, net, window_s, out)) for r in range(procs)]
-    for p in ps:
-        p.start()
-    got = [out.get() for _ in ps]
-    for p in ps:
-        p.join()
+    got = run_ranks(ctx, _worker, procs, lockstep, net, window_s)
     return sum(r for r, _ in got), sum(c for _, c in got)
 
 

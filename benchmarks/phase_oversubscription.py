@@ -21,9 +21,8 @@ import json
 import os
 import statistics
 import time
-from datetime import timedelta
 
-BATCH = 16  # the calibration's batch for its synchronized steps
+from free_vs_lockstep import BATCH, rank_net, run_ranks  # benchmarks/ is the script's folder: on sys.path
 
 
 def _worker(rank: int, world: int, port: int, net: str, window_s: float, out) -> None:
@@ -31,17 +30,9 @@ def _worker(rank: int, world: int, port: int, net: str, window_s: float, out) ->
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from layerplan.netspec import zoo
     from layerplan.runtime.optim import sgd
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    model, shape = zoo.build(net)
-    model.train()
-    x = torch.randn(BATCH, *shape[-3:])
-    y = torch.randint(0, model(x).shape[-1], (BATCH,))
+    model, x, y = rank_net(rank, world, port, net)
     opt = sgd(list(model.parameters()), lr=1e-6, momentum=0.9)
     flag = torch.zeros(1)
 
@@ -77,15 +68,7 @@ def _worker(rank: int, world: int, port: int, net: str, window_s: float, out) ->
 def window(ctx, procs: int, net: str, window_s: float) -> tuple[float, float]:
     """(forward, backward and update) mean seconds a step, each phase to the ranks' meeting after
     it, over one window of ``procs`` ranks (their means averaged)."""
-    from layerplan.runtime.launch import free_port
-
-    out, port = ctx.Queue(), free_port()
-    ps = [ctx.Process(target=_worker, args=(r, procs, port, net, window_s, out)) for r in range(procs)]
-    for p in ps:
-        p.start()
-    got = [out.get() for _ in ps]
-    for p in ps:
-        p.join()
+    got = run_ranks(ctx, _worker, procs, net, window_s)
     return statistics.fmean(f for f, _ in got), statistics.fmean(b for _, b in got)
 
 
