@@ -952,6 +952,30 @@ def test_validate_decides_a_close_scenario_by_running_its_fastest_again_interlea
     assert doc["summary"]["best_decided"] == 1
 
 
+def test_a_deciding_run_far_from_the_first_brings_a_third_and_the_median(tmp_path, monkeypatch):
+    """As vf154's vgg16_cifar hybrid at 2 workers and 10 Gbit/s (runs of 0.677 and 0.492 s, kept as
+    their mean, 0.585, behind stanza's): a deciding run more than RUNS_DISAGREE from the row's first
+    brings a third run (the rows farthest apart first, as long as the rate's deciding time lasts),
+    and the row's step is the median of the three — hybrid, the predicted best, is then the
+    measured best. Without the third run stanza would be (0.547 against 0.585)."""
+    steps = {"allreduce": [0.9], "stanza": [0.588, 0.506, 0.505], "hybrid": [0.677, 0.492, 0.495, 0.490]}
+    order = []
+    fake_matrix_loop(monkeypatch, steps, order)
+    predicting(monkeypatch, {"allreduce": 35.0, "stanza": 61.0, "hybrid": 65.0})  # predicted: hybrid
+    m = validate.Matrix(models=("vgg16_cifar",), workers=(2,), rates=("10Gbit",),
+                        strategies=("allreduce", "stanza", "hybrid"), target_s=20.0, max_steps=30, decide_s=30.0)
+    doc = validate.validate(m, tmp_path, None)
+    # one round (the slower first: 16 s of the 30), then a third run for the two rows farthest
+    # apart first: hybrid's (38%; 8 s), not stanza's (16%; the 6 s left are too few)
+    assert order == ["allreduce", "stanza", "hybrid", "hybrid", "stanza", "hybrid"]
+    rows = {r["strategy"]: r for r in doc["rows"]}
+    assert rows["hybrid"]["measured_runs_s"] == [0.677, 0.492, 0.495]
+    assert rows["hybrid"]["measured_step_s"] == pytest.approx(0.495)  # the median
+    assert rows["stanza"]["measured_runs_s"] == [0.588, 0.506]
+    b = doc["summary"]["scenarios"][0]
+    assert b["measured_best"] == "hybrid" and b["match"]
+
+
 def predicting(monkeypatch, throughput: dict) -> None:
     """``validate.prediction`` faked: each strategy's predicted throughput (samples/s of 32 a step)."""
     monkeypatch.setattr(validate, "prediction", lambda row, emu, calibrated: {
