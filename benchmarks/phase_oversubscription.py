@@ -11,7 +11,7 @@ pace drifts). Each phase is timed to the ranks' meeting after it: the slowest ra
 synchronous step goes. Prints, per round and N, each phase's mean time and its capacity over
 alone: alone-cores' worth = N · alone / phase. Asserts nothing.
 
-    python benchmarks/phase_oversubscription.py [--net vgg16_cifar] [--window 6] [--rounds 3]
+    python benchmarks/phase_oversubscription.py [--net vgg16_cifar] [--window 6] [--rounds 3] [--ranks 2,4,6]
 """
 
 from __future__ import annotations
@@ -79,14 +79,21 @@ def main() -> int:
     ap.add_argument("--net", default="vgg16_cifar", help="a zoo net (default vgg16_cifar)")
     ap.add_argument("--window", type=float, default=6.0, help="seconds of steps per window")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the process counts")
+    ap.add_argument("--ranks", default="", help="comma-separated process counts (default: the cores, twice the cores)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     cores = len(os.sched_getaffinity(0))
+    try:
+        counts = sorted({int(n) for n in args.ranks.split(",") if n.strip()}) or [cores, 2 * cores]
+    except ValueError:
+        ap.error(f"--ranks: comma-separated whole numbers, got {args.ranks!r}")
+    if counts[0] < 1:
+        ap.error(f"--ranks: counts must be at least 1, got {args.ranks!r}")
     rounds = []
     for i in range(args.rounds):
         before = window(ctx, 1, args.net, args.window)
-        got = {n: window(ctx, n, args.net, args.window) for n in (cores, 2 * cores)}
+        got = {n: window(ctx, n, args.net, args.window) for n in counts}
         after = window(ctx, 1, args.net, args.window)
         alone = ((before[0] + after[0]) / 2, (before[1] + after[1]) / 2)
         r = {"alone_fwd_s": alone[0], "alone_bwd_s": alone[1],
@@ -99,7 +106,7 @@ def main() -> int:
                               f"bwd {r[str(n)]['bwd_s'] * 1e3:.1f} ms ({r[str(n)]['bwd_capacity']:.2f})" for n in got),
                   flush=True)
     med = {f"{n}": {k: statistics.median(r[f"{n}"][k] for r in rounds) for k in ("fwd_capacity", "bwd_capacity")}
-           for n in (cores, 2 * cores)}
+           for n in counts}
     if args.json:
         print(json.dumps({"net": args.net, "cores": cores, "batch": BATCH, "rounds": rounds, "median": med}, indent=1))
     else:
