@@ -1707,13 +1707,17 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 planned_done_s += planned_s.get(rate, 0.0)
                 left_s = min(left_s, allowance_s(rate, planned_done_s))
             t_decide = time.monotonic()
+
+            def fits(cost_s: float) -> bool:
+                """Whether runs again of ``cost_s`` fit the rate's deciding time and the command's limit
+                (however much the plan left)."""
+                return cost_s <= left_s and (limit is None or time.monotonic() + cost_s <= limit)
+
             for round_ in range(DECIDE_ROUNDS):
                 for scenario in sorted(dict.fromkeys(c.scenario for c in batch), key=lambda sc: gap(rows, sc)):
                     close = contenders([r for r in rows if (r["model"], r["workers"], r["rate"]) == scenario])
                     cost_s = sum(run_wall_s(r) + AGAIN_PROBES_S for r in close)
-                    if not close or cost_s > left_s or any(key(r) not in by_key for r in close):  # --resume's rows
-                        continue
-                    if limit is not None and time.monotonic() + cost_s > limit:  # however much the plan left
+                    if not close or not fits(cost_s) or any(key(r) not in by_key for r in close):  # --resume's rows
                         continue
                     left_s -= cost_s
                     for r in (close[::-1] if round_ % 2 == 0 else close):
@@ -1723,8 +1727,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                     for r in sorted((r for r in now if disagree(r)), key=lambda r: -max(r["measured_runs_s"])
                                     / min(r["measured_runs_s"])):
                         cost_s = run_wall_s(r) + AGAIN_PROBES_S
-                        if (cost_s <= left_s
-                                and (limit is None or time.monotonic() + cost_s <= limit)):
+                        if fits(cost_s):
                             left_s -= cost_s
                             again(by_key[key(r)], "a third time: its two runs disagree")
             deciding_s += time.monotonic() - t_decide
