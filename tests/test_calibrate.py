@@ -461,6 +461,19 @@ def test_speed_probe_on_one_thread_and_on_loaded_cores():
     assert 0 < mem < 1 and torch.get_num_threads() == threads
 
 
+def test_fc_probe_times_a_large_fc_layers_pass_in_place_and_keeps_the_layers():
+    """Seconds of an FC layer's forward, backward and SGD step at a small batch, two threads at
+    once, each its own layer; the layers are built once per size, and the threads restored."""
+    import torch
+
+    threads = torch.get_num_threads()
+    first = calibrate.fc_probe(window_s=0.02, features=256, batch=4)
+    assert 0 < first < 1 and torch.get_num_threads() == threads
+    kept = calibrate._FC_PROBE_CALLS[(256, 4)]
+    assert len(kept) == 2 and 0 < calibrate.fc_probe(window_s=0.02, features=256, batch=4) < 1
+    assert calibrate._FC_PROBE_CALLS[(256, 4)] is kept
+
+
 def test_net_probe_times_the_nets_own_training_pass_and_keeps_the_net():
     """Seconds of a zoo net's cross-entropy forward and backward, two threads at once, the net built
     once: a second call reuses it."""

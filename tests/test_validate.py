@@ -460,6 +460,45 @@ def test_each_row_records_its_own_nets_pass_against_the_calibration_times(tmp_pa
     assert doc["net_reference_s"] == {"resnet_cifar": 0.2} and doc["rows"][0]["net_speed"] == pytest.approx(2.0)
 
 
+def test_each_row_records_the_fc_probe_against_its_calibration_time_reading(tmp_path, monkeypatch):
+    """Just before each run a large FC layer's pass at a small batch is timed (``calibrate.fc_probe``):
+    the row's ``fc_speed`` is the calibration-time reading over it, the reference kept with the
+    result and timed when the rows start where none is given; the summary gives their range. It is
+    a record: the prediction does not follow it."""
+    from layerplan import hardware
+
+    fake_matrix_loop(monkeypatch, {"allreduce": [0.1], "ps": [0.2]})
+    passes = iter([0.025, 0.016])  # just before allreduce's run, then ps's
+    probing(monkeypatch, lambda: 29e9, fc_pass=lambda: next(passes))
+    predicting(monkeypatch, {"allreduce": 100.0, "ps": 50.0})
+    m = validate.Matrix(models=("resnet_cifar",), workers=(2,), rates=("1Gbit",), strategies=("allreduce", "ps"),
+                        target_s=20.0, max_steps=30)
+    cal = hardware.resolve_cluster("local-cpu")
+    doc = validate.validate(m, tmp_path, cal, speed_reference=29e9, load_reference=29e9, memory_reference=0.003,
+                            net_reference={"resnet_cifar": 0.1}, fc_reference=0.02)
+    rows = {r["strategy"]: r for r in doc["rows"]}
+    assert rows["allreduce"]["fc_speed"] == pytest.approx(0.8) and rows["allreduce"]["fc_probe_s"] == 0.025
+    assert rows["ps"]["fc_speed"] == pytest.approx(1.25)
+    assert doc["fc_reference_s"] == 0.02 and validate.load_json(tmp_path / "validate.json")["fc_reference_s"] == 0.02
+    assert doc["summary"]["fc_speed"] == {"rows": 2, "median": pytest.approx(1.025), "min": pytest.approx(0.8),
+                                          "max": pytest.approx(1.25)}
+    timed = iter([0.03, 0.015, 0.015])  # no reference: the probe timed before the rows
+    fake_matrix_loop(monkeypatch, {"allreduce": [0.1], "ps": [0.2]})
+    probing(monkeypatch, lambda: 29e9, fc_pass=lambda: next(timed))
+    doc = validate.validate(m, tmp_path / "again", cal, speed_reference=29e9, load_reference=29e9,
+                            memory_reference=0.003, net_reference={"resnet_cifar": 0.1})
+    assert doc["fc_reference_s"] == 0.03 and doc["rows"][0]["fc_speed"] == pytest.approx(2.0)
+
+
+def test_a_rows_runs_merged_keep_the_mean_of_their_fc_probes():
+    """``merge_runs``: a row run again keeps the mean ``fc_speed`` of its runs, as its cores busy."""
+    first = {"measured_step_s": 1.0, "global_batch": 32, "steps_measured": 3, "wall_s": 5.0, "fc_speed": 0.8}
+    merged = validate.merge_runs(first, {**first, "measured_step_s": 1.2, "fc_speed": 1.0})
+    assert merged["fc_speed"] == pytest.approx(0.9)
+    assert validate.merge_runs(merged, {**first, "fc_speed": 1.2})["fc_speed"] == pytest.approx(1.0)
+    assert validate.merge_runs({**first, "fc_speed": None}, {**first, "fc_speed": 1.0})["fc_speed"] is None  # unprobed
+
+
 def test_the_pace_carries_the_memory_probes_median_over_the_rows_before(monkeypatch):
     """MEMORY_PACE: the pace's ``memory_speed`` is the median ``memory_speed`` of the last
     PACE_PROBES rows before that have one; a row predicted at it takes longer where the memory
@@ -847,11 +886,11 @@ def test_contenders_check_a_fastest_measured_disturbed_against_the_predicted_bes
     assert validate.disturbed(rows[2]) and not validate.disturbed(steady[2]) and not validate.disturbed(rows[1])
 
 
-def probing(monkeypatch, both_cores, memory=lambda: 0.003, net_pass=lambda net: 0.1) -> None:
+def probing(monkeypatch, both_cores, memory=lambda: 0.003, net_pass=lambda net: 0.1, fc_pass=lambda: 0.02) -> None:
     """The rate's link measurements stubbed out (and taken without reading the machine first:
     ``link_apart`` has its own tests), and the probes around each run faked: one thread reads 29
     GFLOP/s; ``both_cores()`` gives both cores' reading, ``memory()`` the memory probe's seconds a
-    call."""
+    call, ``fc_pass()`` the FC probe's."""
     from layerplan import calibrate
     from layerplan.runtime import emulate
 
@@ -867,6 +906,7 @@ def probing(monkeypatch, both_cores, memory=lambda: 0.003, net_pass=lambda net: 
     monkeypatch.setattr(calibrate, "speed_probe", lambda window_s=0.3, threads=1: both_cores() if threads == 2 else 29e9)
     monkeypatch.setattr(calibrate, "memory_probe", lambda window_s=0.1, threads=2: memory())
     monkeypatch.setattr(calibrate, "net_probe", lambda net, window_s=0.4, threads=2, batch=16: net_pass(net))
+    monkeypatch.setattr(calibrate, "fc_probe", lambda window_s=0.3, threads=2, features=4096, batch=16: fc_pass())
 
 
 def test_a_steady_deciding_run_replaces_a_rows_disturbed_one(tmp_path, monkeypatch):

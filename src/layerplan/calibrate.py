@@ -1828,6 +1828,64 @@ def memory_probe(window_s: float = MEMORY_PROBE_WINDOW_S, threads: int = 2) -> f
         torch.set_num_threads(before)
 
 
+FC_PROBE_WINDOW_S = 0.3
+"""``fc_probe``'s window: about six calls a thread on a 2-core host."""
+FC_PROBE_FEATURES = 4096
+"""``fc_probe``'s layer: 4096 inputs and outputs, alexnet_cifar's and vgg16_cifar's largest FC
+layer (64 MiB of weights, more than a core's share of most caches)."""
+FC_PROBE_BATCH = 16
+_FC_PROBE_CALLS: dict[tuple[int, int], list[Callable[[], None]]] = {}
+
+
+def fc_probe(window_s: float = FC_PROBE_WINDOW_S, threads: int = 2, features: int = FC_PROBE_FEATURES,
+             batch: int = FC_PROBE_BATCH) -> float:
+    """Seconds of a large FC layer's training pass at a small batch now — its forward, its backward
+    (the input's gradient and the weights') and an SGD step with momentum over its weights — the
+    median over ``threads`` threads running it at once for ``window_s``, each its own layer. At a
+    batch of 16 such a pass does 8 FLOP a byte of its weights and streams them some six times: the
+    caches and memory bound it, not the cores' arithmetic that ``speed_probe`` and the nets'
+    passes (``net_probe``, convolutions mostly) time, nor the small activations ``memory_probe``
+    keeps in the caches. A host's other tenants slowed it apart from those: in vf157 the calibration
+    process read alexnet_cifar's FC phase at batch 16 in 17.6 ms forward and an hour later in 22.3
+    ms, while its whole training pass on both cores ran 4-8% faster than at calibration time, and the
+    compute groups' merged FC server — four such passes and updates a step — ran 17% slow of the
+    model. ``validate`` runs it before every row against its reading at calibration time
+    (``fc_speed``). Buffers are written in place (``out=``), the layers kept between calls."""
+    import statistics
+
+    import torch
+
+    key = (features, batch)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        calls = _FC_PROBE_CALLS.get(key)
+        if calls is None:
+            gen = torch.Generator().manual_seed(0)
+
+            def make():
+                w = torch.randn(features, features, generator=gen) * features ** -0.5
+                x = torch.randn(batch, features, generator=gen)
+                dy = torch.randn(batch, features, generator=gen)
+                y, dx, dw, m = torch.empty(batch, features), torch.empty(batch, features), torch.empty_like(w), torch.zeros_like(w)
+
+                def call() -> None:
+                    torch.mm(x, w.t(), out=y)  # forward
+                    torch.mm(dy, w, out=dx)  # backward: the input's gradient
+                    torch.mm(dy.t(), x, out=dw)  # and the weights'
+                    m.mul_(0.9).add_(dw)  # SGD with momentum
+                    w.add_(m, alpha=-1e-9)
+                return call
+
+            calls = [make() for _ in range(threads)]
+            for c in calls:  # warm-up: the pages, the kernels
+                c()
+            _FC_PROBE_CALLS[key] = calls
+        return statistics.median(t for ts in _timed_calls(calls, window_s) for t in ts)
+    finally:
+        torch.set_num_threads(before)
+
+
 def _probe_worker(cfg: dict) -> None:
     """``speed_probe`` on ``cfg["threads"]`` threads at every "probe" line of stdin, until "stop"."""
     speed_probe(0.05, threads=cfg["threads"])  # torch imported, the calls warmed up

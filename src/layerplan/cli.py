@@ -465,7 +465,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     done: list[dict] = []
     calibrated = measured = None
-    speed_reference = load_reference = memory_reference = net_reference = None  # None: probed when validate starts
+    speed_reference = load_reference = memory_reference = net_reference = fc_reference = None  # None: probed when validate starts
     if args.repredict:
         return _validate_repredict(args, out)
     if not args.dry_run:  # before minutes of calibration: root, or this command again in a user namespace
@@ -486,6 +486,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             load_reference = doc.get("load_reference_flops_per_s")
             memory_reference = doc.get("memory_reference_s")
             net_reference = doc.get("net_reference_s")
+            fc_reference = doc.get("fc_reference_s")
             if doc.get("calibrated_cluster") and not args.calibration and not args.presets_only:
                 calibrated = cluster_from_dict(doc["calibrated_cluster"], str(previous))
         except (ValueError, KeyError, TypeError) as e:  # a bad cluster inside: its own one-line error
@@ -493,7 +494,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.calibration:
         calibrated = resolve_cluster(args.calibration)
         # another calibration: the machine when validate starts
-        speed_reference = load_reference = memory_reference = net_reference = None
+        speed_reference = load_reference = memory_reference = net_reference = fc_reference = None
     elif args.dry_run and calibrated is None and not args.presets_only:
         pass  # the estimate uses the presets: calibrating takes minutes
     elif calibrated is None and not args.presets_only:
@@ -506,6 +507,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         # the speed the calibration saw: probed on both sides of it, one thread and both cores loaded
         before, before_load, before_memory = calibrate.speed_probe(), calibrate.speed_probe(threads=2), calibrate.memory_probe()
         before_net = {m: calibrate.net_probe(m, batch=matrix.batch_size) for m in matrix.models}
+        before_fc = calibrate.fc_probe()
         measured = calibrate.calibrate(on="local", quick=True, progress=not args.json, profile=matrix.models,
                                        profile_batches=validate.profile_batches(matrix),
                                        profile_net_batches=(matrix.batch_size,), sync_nets=validate.sync_nets(matrix),
@@ -526,6 +528,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         load_reference = validate.load_reference_of(measured, (before_load, calibrate.speed_probe(threads=2)))
         memory_reference = (before_memory + calibrate.memory_probe()) / 2.0
         net_reference = {m: (s + calibrate.net_probe(m, batch=matrix.batch_size)) / 2.0 for m, s in before_net.items()}
+        fc_reference = (before_fc + calibrate.fc_probe()) / 2.0
         from layerplan.runtime import emulate
 
         emulate.check_available()
@@ -542,7 +545,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                  args.json, matrix)
     doc = validate.validate(matrix, out, calibrated, done=done, speed_reference=speed_reference,
                             load_reference=load_reference, memory_reference=memory_reference,
-                            net_reference=net_reference,
+                            net_reference=net_reference, fc_reference=fc_reference,
                             deadline=started + matrix.budget_s if matrix.budget_s else None,
                             progress=None if args.json else (lambda what: con.print(f"[dim]running {what}[/]")))
     if args.json:

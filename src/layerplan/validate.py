@@ -535,7 +535,8 @@ def disagree(row: dict) -> bool:
 def merge_runs(first: dict, again: dict) -> dict:
     """One row from runs of a configuration: the measured step is the mean of two runs' and the
     median of more (``measured_runs_s`` keeps each: one disturbed run of three does not count),
-    throughput from it, steps and wall time summed; the cores busy and the marks the mean of the runs'."""
+    throughput from it, steps and wall time summed; the cores busy, the marks and ``fc_speed`` the
+    mean of the runs'."""
     runs = [*first.get("measured_runs_s", [first["measured_step_s"]]), again["measured_step_s"]]
     step = statistics.fmean(runs) if len(runs) < 3 else statistics.median(runs)
     cpu, n = {}, len(runs) - 1  # ``first`` holds the mean of n runs' cores busy
@@ -543,6 +544,8 @@ def merge_runs(first: dict, again: dict) -> dict:
         cpu["measured_cpu_cores"] = (n * first["measured_cpu_cores"] + again["measured_cpu_cores"]) / (n + 1)
         cpu["measured_cpu_cores_by_role"] = {k: (n * v + again["measured_cpu_cores_by_role"].get(k, v)) / (n + 1)
                                              for k, v in first["measured_cpu_cores_by_role"].items()}
+    if first.get("fc_speed") and again.get("fc_speed"):  # and the FC probe's reading before each run
+        cpu["fc_speed"] = (n * first["fc_speed"] + again["fc_speed"]) / (n + 1)
     if "measured_marks_s" in first and "measured_marks_s" in again:  # likewise the marks
         cpu["measured_marks_s"] = {k: {m: (n * t + again["measured_marks_s"].get(k, {}).get(m, t)) / (n + 1)
                                        for m, t in v.items()} for k, v in first["measured_marks_s"].items()}
@@ -809,6 +812,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         # runs again (a short row's second, deciding runs) not kept: the cores slowed around them (DISTURBED_LOAD)
         "dropped_runs": sum(len(r.get("dropped_runs", [])) for r in rows),
         "memory_speed": speed_figures([r["memory_speed"] for r in rows if r.get("memory_speed")]),
+        "fc_speed": speed_figures([r["fc_speed"] for r in rows if r.get("fc_speed")]),
         **paced_figures(rows),
         "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "best_match_fraction": (sum(b["match"] for b in best) / len(best)) if best else None,
@@ -1390,7 +1394,8 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
              progress: Callable[[str], None] | None = None, skip: Callable[[Case, str], None] | None = None,
              done: Iterable[dict] = (), speed_reference: float | None = None,
              load_reference: float | None = None, deadline: float | None = None,
-             memory_reference: float | None = None, net_reference: dict[str, float] | None = None) -> dict:
+             memory_reference: float | None = None, net_reference: dict[str, float] | None = None,
+             fc_reference: float | None = None) -> dict:
     """Run the matrix; returns {"summary", "rows", "skipped"} and writes validate.json + plots.
     ``done``: rows measured before (``--resume``); configurations among them are not run again.
 
@@ -1409,7 +1414,10 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
     its pace's ``memory_speed`` (``MEMORY_PACE``), the speed its layers that are not matrix
     products run at. The row's own net's training pass on both cores (``calibrate.net_probe``)
     just before it against ``net_reference`` (seconds a pass per net at calibration time; None, or
-    a net missing: now) is its ``net_speed``, which a probe pace follows (``PACE_FIELD``).
+    a net missing: now) is its ``net_speed``, which a probe pace follows (``PACE_FIELD``). A large
+    FC layer's pass at a small batch (``calibrate.fc_probe``: its weights streamed from memory) just
+    before it against ``fc_reference`` (seconds a call at calibration time; None: now) is its
+    ``fc_speed``, a record: no prediction follows it yet.
 
     ``deadline`` (``time.monotonic()``'s clock: when the command started plus ``matrix.budget_s``):
     the rows measure fewer seconds of steps where they would not end by it (``fit_target_s``)."""
@@ -1440,7 +1448,7 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                 skip(c, str(e))
     track = calibrated is not None
     if track:
-        from layerplan.calibrate import memory_probe, net_probe, speed_probe
+        from layerplan.calibrate import fc_probe, memory_probe, net_probe, speed_probe
 
         if speed_reference is None:
             speed_reference = speed_probe()
@@ -1448,11 +1456,14 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
             load_reference = speed_probe(threads=2)
         if memory_reference is None:
             memory_reference = memory_probe()
+        if fc_reference is None:
+            fc_reference = fc_probe()
         net_reference = dict(net_reference or {})
         for m in sorted({c.model for c in todo} - set(net_reference)):
             net_reference[m] = net_probe(m, batch=matrix.batch_size)
     meta = {"speed_reference_flops_per_s": speed_reference, "load_reference_flops_per_s": load_reference,
-            "memory_reference_s": memory_reference, "net_reference_s": net_reference} if track else {}
+            "memory_reference_s": memory_reference, "net_reference_s": net_reference,
+            "fc_reference_s": fc_reference} if track else {}
     def machine_now() -> dict:
         """The machine's speed now, as each row's probes read it (``link_apart``)."""
         return {"load_speed": speed_probe(ROW_PROBE_WINDOW_S, threads=2) / load_reference,
@@ -1566,9 +1577,11 @@ def validate(matrix: Matrix, out_dir: Path, calibrated: hardware.ClusterSpec | N
                         load = speed_probe(ROW_PROBE_WINDOW_S, threads=2) if track else None
                         mem = memory_probe() if track else None
                         net = net_probe(c.model, batch=matrix.batch_size) if track else None
+                        fc = fc_probe() if track else None
                         row = run_case(c, emu, calibrated, matrix, out_dir / "runs", sized)
                         if track:
-                            row.update(net_speed=net_reference[c.model] / net, net_probe_s=net)
+                            row.update(net_speed=net_reference[c.model] / net, net_probe_s=net,
+                                       fc_speed=fc_reference / fc, fc_probe_s=fc)
                             mem_after = memory_probe()
                             row.update(memory_speed=memory_reference / max(mem, mem_after), memory_probe_s=mem,
                                        memory_after_s=mem_after)
@@ -1898,6 +1911,11 @@ def print_summary(doc: dict, con=None) -> None:
                   f"(median {mem['median']:.2f}×) its calibration-time speed around the rows (`memory_speed`)"
                   + ("; the layers that are not matrix products (batch norm, ReLU, pooling) predicted at its pace"
                      if any((r.get("pace") or {}).get("memory_speed") for r in doc["rows"]) else ""))
+    fc = s.get("fc_speed")
+    if fc:
+        con.print("  a large FC layer's pass at a small batch (its weights streamed from memory, both cores) read "
+                  f"{fc['min']:.2f}–{fc['max']:.2f}× (median {fc['median']:.2f}×) its calibration-time speed before the "
+                  "rows (`fc_speed`; a record, not applied)")
     rep = s.get("repeatability")
     if rep:
         con.print(f"  repeatability: the {rep['rows']} configurations run more than once ({rep['runs']} runs) landed "
