@@ -1757,33 +1757,45 @@ def net_probe(net_name: str, window_s: float = NET_PROBE_WINDOW_S, threads: int 
 
     import torch
 
-    key = (net_name, threads, batch)
+    def build() -> list[Callable[[], None]]:
+        from layerplan.netspec import zoo
+
+        module, in_shape = zoo.build(net_name)
+        module.train()
+        gen = torch.Generator().manual_seed(0)
+
+        def make(m):
+            params = [p for p in m.parameters() if p.requires_grad]
+            x = torch.randn(batch, *in_shape, generator=gen)
+            with torch.no_grad():
+                classes = m(x[:1]).shape[-1]
+            y = torch.randint(0, classes, (batch,), generator=gen)
+
+            def call() -> None:
+                torch.autograd.grad(torch.nn.functional.cross_entropy(m(x), y), params)
+            return call
+
+        return [make(module if j == 0 else copy.deepcopy(module)) for j in range(threads)]
+
+    return _kept_calls_median_s(_NET_PROBE_CALLS, (net_name, threads, batch), build, window_s)
+
+
+def _kept_calls_median_s(kept: dict, key: tuple, build: Callable[[], list[Callable[[], None]]],
+                         window_s: float) -> float:
+    """The median seconds of a call of the calls ``kept[key]`` — built by ``build()`` and warmed up
+    (the allocator, the kernels) the first time — each on its own thread at once for ``window_s``,
+    torch at one thread each (restored after)."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        calls = _NET_PROBE_CALLS.get(key)
+        calls = kept.get(key)
         if calls is None:
-            from layerplan.netspec import zoo
-
-            module, in_shape = zoo.build(net_name)
-            module.train()
-            gen = torch.Generator().manual_seed(0)
-
-            def make(m):
-                params = [p for p in m.parameters() if p.requires_grad]
-                x = torch.randn(batch, *in_shape, generator=gen)
-                with torch.no_grad():
-                    classes = m(x[:1]).shape[-1]
-                y = torch.randint(0, classes, (batch,), generator=gen)
-
-                def call() -> None:
-                    torch.autograd.grad(torch.nn.functional.cross_entropy(m(x), y), params)
-                return call
-
-            calls = [make(module if j == 0 else copy.deepcopy(module)) for j in range(threads)]
-            for c in calls:  # warm-up: the allocator, the kernels
+            calls = build()
+            for c in calls:
                 c()
-            _NET_PROBE_CALLS[key] = calls
+            kept[key] = calls
         return statistics.median(t for ts in _timed_calls(calls, window_s) for t in ts)
     finally:
         torch.set_num_threads(before)
@@ -1850,40 +1862,33 @@ def fc_probe(window_s: float = FC_PROBE_WINDOW_S, threads: int = 2, features: in
     ms, while its whole training pass on both cores ran 4-8% faster than at calibration time, and the
     compute groups' merged FC server — four such passes and updates a step — ran 17% slow of the
     model. ``validate`` runs it before every row against its reading at calibration time
-    (``fc_speed``). Buffers are written in place (``out=``), the layers kept between calls."""
-    import statistics
-
+    (``fc_speed``). The products are written in place (``out=``), the step is the runs' SGD
+    (``runtime.optim.sgd``), the layers are kept between calls."""
     import torch
 
-    key = (features, batch)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        calls = _FC_PROBE_CALLS.get(key)
-        if calls is None:
-            gen = torch.Generator().manual_seed(0)
+    from layerplan.runtime.optim import sgd
 
-            def make():
-                w = torch.randn(features, features, generator=gen) * features ** -0.5
-                x = torch.randn(batch, features, generator=gen)
-                dy = torch.randn(batch, features, generator=gen)
-                y, dx, dw, m = torch.empty(batch, features), torch.empty(batch, features), torch.empty_like(w), torch.zeros_like(w)
+    def build() -> list[Callable[[], None]]:
+        gen = torch.Generator().manual_seed(0)
 
-                def call() -> None:
+        def make():
+            w = torch.nn.Parameter(torch.randn(features, features, generator=gen) * features ** -0.5)
+            w.grad = torch.empty_like(w)
+            opt = sgd([w], lr=1e-9, momentum=0.9)
+            x, dy = torch.randn(batch, features, generator=gen), torch.randn(batch, features, generator=gen)
+            y, dx = torch.empty(batch, features), torch.empty(batch, features)
+
+            def call() -> None:
+                with torch.no_grad():
                     torch.mm(x, w.t(), out=y)  # forward
                     torch.mm(dy, w, out=dx)  # backward: the input's gradient
-                    torch.mm(dy.t(), x, out=dw)  # and the weights'
-                    m.mul_(0.9).add_(dw)  # SGD with momentum
-                    w.add_(m, alpha=-1e-9)
-                return call
+                    torch.mm(dy.t(), x, out=w.grad)  # and the weights'
+                opt.step()
+            return call
 
-            calls = [make() for _ in range(threads)]
-            for c in calls:  # warm-up: the pages, the kernels
-                c()
-            _FC_PROBE_CALLS[key] = calls
-        return statistics.median(t for ts in _timed_calls(calls, window_s) for t in ts)
-    finally:
-        torch.set_num_threads(before)
+        return [make() for _ in range(threads)]
+
+    return _kept_calls_median_s(_FC_PROBE_CALLS, (features, batch), build, window_s)
 
 
 def _probe_worker(cfg: dict) -> None:
